@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (the device tool): build for sm_90, run the GPU tests (C++ and
+# Python), the resource report and the benchmark, and print a short table last.
+#   usage: bash scripts/gpu_check.sh [tests|bench|sanitize|all]...   (default: tests bench)
+# Needs .deps/googletest carried along for the C++ tests (the GPU image has no packaged GTest).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kf-out}
+mkdir -p "$OUT"
+modes=${*:-tests bench}
+export KF_CUDA_ARCHS=${KF_CUDA_ARCHS:-90}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+export PYTHONUNBUFFERED=1
+summary=()
+note() { summary+=("$1"); echo "## $1"; }
+t0=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+
+python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 \
+  && note "pip install (sm_$KF_CUDA_ARCHS): ok ($(( $(date +%s) - t0 )) s)" \
+  || { note "pip install: FAILED"; tail -40 "$OUT/pip.log"; exit 1; }
+python3 -m kernelflow info
+
+if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
+  if [ -d .deps/googletest ]; then export KF_GTEST_SOURCE_DIR=$PWD/.deps/googletest; fi
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 \
+    && cmake --build build/gpu >>"$OUT/cmake.log" 2>&1 \
+    && { ctest --test-dir build/gpu --output-on-failure -j4 >"$OUT/ctest.log" 2>&1; \
+         note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"; } \
+    || note "ctest build: FAILED (see cmake.log)"
+  grep -E "Failed|FAILED|Skipped" "$OUT/ctest.log" | head -20
+  python3 -m pytest -q -m gpu tests -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+  note "pytest gpu: $(tail -1 "$OUT/pytest_gpu.log")"
+  python3 -m kernelflow demo 2>&1 | tail -8
+fi
+
+if [[ " $modes " == *" bench "* || " $modes " == *" all "* ]]; then
+  python3 bench/bench_decode.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -60
+  note "bench: see table above ($(( $(date +%s) - t0 )) s)"
+fi
+
+if [[ " $modes " == *" sanitize "* || " $modes " == *" all "* ]]; then
+  if [ -x scripts/sanitize.sh ]; then
+    bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -20
+    note "sanitize: $(tail -1 "$OUT/sanitize.log")"
+  fi
+fi
+
+echo
+echo "==== summary ($(cat "$OUT/gpu.txt"), $(( $(date +%s) - t0 )) s) ===="
+printf '%s\n' "${summary[@]}"
