@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""MLA decode benchmark: kernelflow against a Triton and a PyTorch baseline (and FlashMLA).
+
+For each (h_q, b, s_k), s_q = 1, bf16, page 64, every request at length s_k:
+  - the cache is rotated: C copies (distinct, scattered pages of one pool, each with its own block
+    table and q) so that C * cache bytes >= --rotate-mb (default 4x L2); one CUDA graph captures C
+    calls, one per copy, and is replayed; time per call = median replay time (CUDA events) / C;
+  - a "call" is the decode and its combine (kernelflow.mla_decode, or Triton stage 1 + stage 2);
+    kernelflow's metadata is computed once per step and timed on its own (same method);
+  - each kernel's output on copy 0 is checked once, before timing, against a float64 reference
+    (worst-row cosine distance < 1e-5, lse within 1e-4: SPEC.md section 4) and the result printed;
+  - GB/s = (b*s_k*1152 + q bytes + o bytes) / time; TFLOPS = 2*b*h_q*s_k*(576+512) / time; both as
+    fractions of the peaks measured by peaks.py in this run (or SPEC.md's with --peaks-from-spec);
+  - FlashMLA runs if `import flash_mla` works; otherwise SPEC.md's H200 figures are shown, labelled
+    "FlashMLA (SPEC, not this run)" (bench/anchors/h200-flashmla-torch-2026-11-30.json).
+
+    python3 bench/bench_decode.py --quick --json $OUT/bench.json
+    python3 bench/bench_decode.py --h-q 16 --batch 64 128 --s-k 4096
+    python3 bench/bench_decode.py --baselines-only --quick      # no kernelflow
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from baselines import torch_mla, triton_mla  # noqa: E402
+
+SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (SPEC.md section 1)
+DEVICE = "cuda"
+BYTES_PER_TOKEN = 1152
+ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
+SPEC_MMA_TFLOPS = 639.0
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description="MLA decode benchmark (see the module docstring)")
+    ap.add_argument("--h-q", type=int, nargs="+", default=[16, 128])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
+    ap.add_argument("--s-k", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--quick", action="store_true",
+                    help="h_q 16,128; b 1,32,128; s_k 4096; fewer replays, quick Triton tuning")
+    ap.add_argument("--baselines-only", action="store_true", help="skip kernelflow")
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--peaks-from-spec", action="store_true",
+                    help="use SPEC.md's H200 peaks instead of measuring them")
+    ap.add_argument("--peaks-json", help="use the peaks an earlier `peaks.py --json` run wrote")
+    ap.add_argument("--tune", choices=["quick", "full"], default=None,
+                    help="Triton search space (default: full, quick with --quick)")
+    ap.add_argument("--replays", type=int, default=None, help="graph replays timed (default 30)")
+    ap.add_argument("--rotate-mb", type=float, default=None,
+                    help="cache bytes touched per graph replay (default 4x L2)")
+    ap.add_argument("--max-copies", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
+    args = ap.parse_args()
+    if args.quick:
+        args.h_q, args.batch, args.s_k = [16, 128], [1, 32, 128], [4096]
+    if args.tune is None:
+        args.tune = "quick" if args.quick else "full"
+    if args.replays is None:
+        args.replays = 10 if args.quick else 30
+    return args
+
+
+def log(msg: str = ""):
+    print(msg, flush=True)
+
+
+def short_err(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0][:200] if s else ''}"
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+def time_unit(unit, calls_per_unit: int, replays: int, use_graph: bool = True) -> dict:
+    """Median (and min) time per call of `unit` (a callable doing calls_per_unit calls), as a
+    replayed CUDA graph; eager event timing if capture fails."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        unit()  # warm-up (compiles, cuBLAS handles) off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    mode = "graph"
+    graph = None
+    if use_graph:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                unit()
+            graph.replay()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            log(f"    (graph capture failed, eager timing: {short_err(e)})")
+            graph = None
+            torch.cuda.synchronize()
+    if graph is None:
+        mode = "eager"
+    run = graph.replay if graph is not None else unit
+    run()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for a, z in zip(starts, stops):
+        a.record()
+        run()
+        z.record()
+    torch.cuda.synchronize()
+    ms = [a.elapsed_time(z) / calls_per_unit for a, z in zip(starts, stops)]
+    del graph
+    return {"us": statistics.median(ms) * 1e3, "us_min": min(ms) * 1e3, "timing": mode}
+
+
+def fast_time_ms(unit, calls_per_unit: int) -> float:
+    """Cheap timing for the Triton search: graph, 3 replays, best."""
+    return time_unit(unit, calls_per_unit, replays=3)["us_min"] / 1e3
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+class Problem:
+    def __init__(self, h_q, b, s_k, page, dtype, rotate_bytes, max_copies, seed):
+        self.h_q, self.b, self.s_k, self.page, self.dtype = h_q, b, s_k, page, dtype
+        dev = torch.device(DEVICE)
+        pages_per_seq = math.ceil(s_k / page)
+        self.cache_bytes = b * s_k * BYTES_PER_TOKEN
+        self.copies = int(min(max_copies, max(2, math.ceil(rotate_bytes / self.cache_bytes))))
+        num_pages = self.copies * b * pages_per_seq
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.kv = torch.randn(num_pages, page, 576, device=dev, dtype=dtype, generator=g)
+        perm = torch.randperm(num_pages, device=dev, generator=g).to(torch.int32)
+        self.block_tables = perm.view(self.copies, b, pages_per_seq).contiguous()
+        self.qs = torch.randn(self.copies, b, 1, h_q, 576, device=dev, dtype=dtype, generator=g)
+        self.seqlens = torch.full((b,), s_k, dtype=torch.int32, device=dev)
+        q_bytes = b * h_q * 576 * self.kv.element_size()
+        o_bytes = b * h_q * 512 * self.kv.element_size()
+        self.bytes = self.cache_bytes + q_bytes + o_bytes
+        self.flops = 2 * b * 1 * h_q * s_k * (576 + 512)
+        self._ref = None
+
+    def ref(self):
+        if self._ref is None:
+            self._ref = torch_mla.mla_decode_ref64(self.qs[0], self.kv, self.block_tables[0],
+                                                   self.seqlens, SCALE)
+        return self._ref
+
+    def free(self):
+        self.kv = self.qs = self.block_tables = self._ref = None
+
+
+# ---- kernels -------------------------------------------------------------------------------------
+# Each runner: check(p) -> check dict, unit(p) -> (callable doing p.copies calls), info dict.
+
+class KernelFlowRunner:
+    name = "kernelflow"
+
+    def __init__(self, kf):
+        self.kf = kf
+
+    def prepare(self, p: Problem):
+        kf = self.kf
+        dev_index = torch.cuda.current_device()
+        self.num_workers = None
+        try:
+            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, 1))
+        except Exception as e:  # noqa: BLE001
+            log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
+        self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1, num_workers=self.num_workers)
+        self.ws = None
+        if self.num_workers is not None:
+            try:
+                n = int(kf.workspace_size(p.b, p.h_q, 1, self.num_workers))
+                self.ws = torch.empty(max(n, 1), dtype=torch.uint8, device=DEVICE)
+            except Exception as e:  # noqa: BLE001
+                log(f"    kernelflow.workspace_size failed ({short_err(e)}); no workspace")
+        self.out = torch.empty(p.b, 1, p.h_q, 512, dtype=p.dtype, device=DEVICE)
+        self.lse = torch.empty(p.b, p.h_q, 1, dtype=torch.float32, device=DEVICE)
+
+    def call(self, p: Problem, i: int):
+        kw = {"out": self.out, "lse": self.lse}
+        if self.ws is not None:
+            kw["workspace"] = self.ws
+        return self.kf.mla_decode(p.qs[i], p.kv, p.block_tables[i], p.seqlens, self.md, SCALE,
+                                  **kw)
+
+    def check(self, p: Problem):
+        self.out.fill_(float("nan"))
+        self.lse.fill_(float("nan"))
+        self.call(p, 0)
+        torch.cuda.synchronize()
+        return torch_mla.check(self.out, self.lse, *p.ref())
+
+    def unit(self, p: Problem):
+        return lambda: [self.call(p, i) for i in range(p.copies)]
+
+    def metadata_unit(self, p: Problem, n: int = 16):
+        return (lambda: [self.kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
+                                                   num_workers=self.num_workers)
+                         for _ in range(n)]), n
+
+
+class TritonRunner:
+    name = "triton"
+
+    def __init__(self, tune_level: str, num_sms: int):
+        self.tune_level, self.num_sms = tune_level, num_sms
+
+    def prepare(self, p: Problem):
+        self.out = torch.empty(p.b, 1, p.h_q, 512, dtype=p.dtype, device=DEVICE)
+        self.lse = torch.empty(p.b, p.h_q, 1, dtype=torch.float32, device=DEVICE)
+        self.scratch = triton_mla.Scratch(p.b, p.h_q, 128, DEVICE)
+
+        def run_for(cfg):
+            return lambda: [triton_mla.mla_decode(p.qs[i], p.kv, p.block_tables[i], p.seqlens,
+                                                  SCALE, cfg, self.out, self.lse, self.scratch)
+                            for i in range(p.copies)]
+
+        t0 = time.time()
+        self.config, self.tried = triton_mla.autotune(
+            run_for, p.b, p.h_q, p.s_k, self.num_sms,
+            lambda unit: fast_time_ms(unit, p.copies), level=self.tune_level, log=log)
+        ok = [t for t in self.tried if t[1] is not None]
+        log(f"    triton tuned over {len(ok)} configs ({len(self.tried) - len(ok)} skipped) "
+            f"in {time.time() - t0:.1f}s: best {self.config.short()}")
+        self._run_for = run_for
+
+    def check(self, p: Problem):
+        self.out.fill_(float("nan"))
+        self.lse.fill_(float("nan"))
+        triton_mla.mla_decode(p.qs[0], p.kv, p.block_tables[0], p.seqlens, SCALE, self.config,
+                              self.out, self.lse, self.scratch)
+        torch.cuda.synchronize()
+        return torch_mla.check(self.out, self.lse, *p.ref())
+
+    def unit(self, p: Problem):
+        return self._run_for(self.config)
+
+    def info(self):
+        return {"config": self.config.short(),
+                "tried": [(c.short(), ms) for c, ms, _ in self.tried]}
+
+
+class TorchRunner:
+    name = "torch"
+
+    def prepare(self, p: Problem):
+        pass
+
+    def check(self, p: Problem):
+        o, l = torch_mla.mla_decode_torch(p.qs[0], p.kv, p.block_tables[0], p.seqlens, SCALE)
+        torch.cuda.synchronize()
+        return torch_mla.check(o, l, *p.ref())
+
+    def unit(self, p: Problem):
+        return lambda: [torch_mla.mla_decode_torch(p.qs[i], p.kv, p.block_tables[i], p.seqlens,
+                                                   SCALE) for i in range(p.copies)]
+
+
+class FlashMLARunner:
+    name = "flashmla"
+
+    def __init__(self, fm):
+        self.fm = fm
+
+    def prepare(self, p: Problem):
+        self.md, self.splits = self.fm.get_mla_metadata(p.seqlens, p.h_q, 1)
+        self.kv4 = p.kv.view(p.kv.shape[0], p.page, 1, 576)
+
+    def call(self, p: Problem, i: int):
+        return self.fm.flash_mla_with_kvcache(p.qs[i], self.kv4, p.block_tables[i], p.seqlens,
+                                              512, self.md, self.splits, softmax_scale=SCALE,
+                                              causal=True)
+
+    def check(self, p: Problem):
+        o, l = self.call(p, 0)
+        torch.cuda.synchronize()
+        return torch_mla.check(o, l, *p.ref())
+
+    def unit(self, p: Problem):
+        return lambda: [self.call(p, i) for i in range(p.copies)]
+
+
+# ---- reporting -------------------------------------------------------------------------------------
+
+def load_spec_flashmla():
+    try:
+        with open(ANCHOR) as f:
+            rows = json.load(f)["rows"]
+        return {(r["h_q"], r["b"], r["s_k"]): r for r in rows if r.get("kernel") == "flashmla"}
+    except Exception as e:  # noqa: BLE001
+        log(f"(no FlashMLA anchor: {short_err(e)})")
+        return {}
+
+
+def get_peaks(args):
+    if args.peaks_json and not args.peaks_from_spec:
+        try:
+            with open(args.peaks_json) as f:
+                res = json.load(f)
+            res["source"] = f"{res.get('source', 'peaks.py')} ({args.peaks_json})"
+            return res
+        except Exception as e:  # noqa: BLE001
+            log(f"could not read {args.peaks_json} ({short_err(e)}); measuring")
+    if not args.peaks_from_spec:
+        try:
+            import peaks
+            t0 = time.time()
+            res = peaks.measure_peaks(verbose=True)
+            log(f"(peaks measured in {time.time() - t0:.1f}s)")
+            return res
+        except Exception as e:  # noqa: BLE001
+            log(f"peaks.py failed ({short_err(e)}); falling back to SPEC.md's peaks")
+    import peaks
+    return {"read_GBps": peaks.SPEC_PEAKS["read_GBps"],
+            "mma_sync_bf16_TFLOPS": peaks.SPEC_PEAKS["mma_sync_bf16_TFLOPS"],
+            "source": peaks.SPEC_PEAKS["source"]}
+
+
+def perf(p: Problem, us: float, pk: dict) -> dict:
+    gbps = p.bytes / (us * 1e-6) / 1e9
+    tflops = p.flops / (us * 1e-6) / 1e12
+    return {"us": us, "GBps": gbps, "TFLOPS": tflops,
+            "frac_read_peak": gbps / pk["read_GBps"],
+            "frac_mma_peak": tflops / pk["mma_sync_bf16_TFLOPS"]}
+
+
+def fmt_perf(r: dict) -> str:
+    return (f"{r['us']:9.1f} us {r['GBps']:7.0f} GB/s ({100 * r['frac_read_peak']:5.1f}% read) "
+            f"{r['TFLOPS']:6.1f} TFLOPS ({100 * r['frac_mma_peak']:5.1f}% mma.sync)")
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        log("no CUDA device: nothing to benchmark")
+        return 1
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    # cuBLAS may otherwise reduce split-K partials in 16 bits: the torch baseline's worst row then
+    # sits near the 1e-5 cosine threshold (7-9e-6 measured at s_k 4096).
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 60 << 20)
+    num_sms = props.multi_processor_count
+    rotate_bytes = args.rotate_mb * 1e6 if args.rotate_mb else 4 * l2
+    log(f"device: {props.name}, {num_sms} SMs, L2 {l2 / 2**20:.0f} MiB; torch {torch.__version__}"
+        f", triton {triton_mla.triton.__version__}; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    log(f"argv: {' '.join(sys.argv[1:])}")
+    pk = get_peaks(args)
+    log(f"peaks used: read {pk['read_GBps']:.0f} GB/s, mma.sync bf16 "
+        f"{pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS ({pk['source']})")
+
+    runners = []
+    errors = []
+    if not args.baselines_only:
+        try:
+            import kernelflow
+            runners.append(KernelFlowRunner(kernelflow))
+            log(f"kernelflow: {getattr(kernelflow, '__file__', '?')}")
+        except Exception as e:  # noqa: BLE001
+            log(f"kernelflow unavailable ({short_err(e)}); running the baselines only")
+            errors.append({"kernel": "kernelflow", "error": short_err(e)})
+    if not args.no_triton:
+        runners.append(TritonRunner(args.tune, num_sms))
+    if not args.no_torch:
+        runners.append(TorchRunner())
+    flashmla_measured = False
+    if not args.no_flashmla:
+        try:
+            import flash_mla
+            runners.append(FlashMLARunner(flash_mla))
+            flashmla_measured = True
+        except Exception as e:  # noqa: BLE001
+            log(f"flash_mla not importable ({short_err(e)}): showing FlashMLA (SPEC, not this run)")
+    spec_fm = load_spec_flashmla()
+
+    rows = []
+    table = []
+    for s_k in args.s_k:
+        for h_q in args.h_q:
+            for b in args.batch:
+                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {args.dtype}]")
+                try:
+                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
+                                args.seed)
+                except torch.cuda.OutOfMemoryError as e:
+                    log(f"  skipped: {short_err(e)}")
+                    continue
+                log(f"  {p.copies} cache copies x {p.cache_bytes / 1e6:.1f} MB, "
+                    f"{p.copies} calls per graph replay, {args.replays} replays")
+                res = {}
+                for r in runners:
+                    row = {"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k, "page": args.page,
+                           "dtype": args.dtype, "copies": p.copies}
+                    try:
+                        r.prepare(p)
+                        chk = r.check(p)
+                        row["check"] = chk
+                        log(f"  check {r.name:10s}: {torch_mla.fmt_check(chk)}")
+                        t = time_unit(r.unit(p), p.copies, args.replays)
+                        row.update(perf(p, t["us"], pk))
+                        row["us_min"], row["timing"] = t["us_min"], t["timing"]
+                        if hasattr(r, "info"):
+                            row.update(r.info())
+                        if isinstance(r, KernelFlowRunner):
+                            try:
+                                mu, n = r.metadata_unit(p)
+                                row["metadata_us"] = time_unit(mu, n, args.replays)["us"]
+                            except Exception as e:  # noqa: BLE001
+                                row["metadata_error"] = short_err(e)
+                        extra = f"  [{row['config']}]" if "config" in row else ""
+                        if "metadata_us" in row:
+                            extra += f"  metadata {row['metadata_us']:.1f} us"
+                        log(f"  {r.name:16s}: {fmt_perf(row)}{extra}")
+                        res[r.name] = row
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = short_err(e)
+                        log(f"  {r.name:16s}: FAILED {short_err(e)}")
+                        if os.environ.get("KF_BENCH_TRACE"):
+                            traceback.print_exc()
+                        errors.append({"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k,
+                                       "error": short_err(e)})
+                    rows.append(row)
+                    torch.cuda.synchronize()
+                fm = spec_fm.get((h_q, b, s_k))
+                if not flashmla_measured and fm is not None:
+                    frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k,
+                            "page": 64, "dtype": "bf16",
+                            "note": "FlashMLA (SPEC, not this run)", **perf(p, fm["us_graph"], pk)}
+                    res["flashmla_spec"] = frow
+                    rows.append(frow)
+                    log(f"  {'FlashMLA (SPEC, not this run)':16s}: {fmt_perf(frow)}")
+                ratios = {}
+                for main_k in ("kernelflow", "triton"):
+                    for other in ("triton", "torch", "flashmla", "flashmla_spec"):
+                        if main_k in res and other in res and other != main_k:
+                            ratios[f"{main_k}_speedup_vs_{other}"] = (res[other]["us"] /
+                                                                      res[main_k]["us"])
+                if ratios:
+                    log("  speedups (other's time / this one's): " +
+                        ", ".join(f"{k.replace('_speedup_vs_', ' vs ')} {v:.2f}x"
+                                  for k, v in ratios.items()))
+                table.append({"h_q": h_q, "b": b, "s_k": s_k, "res": res, "ratios": ratios})
+                p.free()
+                del p
+                torch.cuda.empty_cache()
+
+    # ---- compact markdown table, last ----
+    def cell(res, k, key="us", fmtx="{:.1f}"):
+        return fmtx.format(res[k][key]) if k in res and key in res[k] else "-"
+
+    fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (SPEC, not this run)"
+    fm_key = "flashmla" if flashmla_measured else "flashmla_spec"
+    log("\n## MLA decode, " + f"{props.name}, {args.dtype}, page {args.page}, s_q 1, "
+        f"peaks: read {pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS "
+        f"({'measured' if 'measured' in pk['source'] else 'SPEC'})\n")
+    log(f"| h_q | b | s_k | KF us | KF GB/s | KF TFLOPS | KF %read | KF %mma | Triton us | "
+        f"Triton GB/s | Triton TFLOPS | torch us | {fm_label} | KF/Triton | KF/torch | "
+        f"KF/FlashMLA | Triton/torch | Triton/FlashMLA |")
+    log("|" + " --- |" * 18)
+    for t in table:
+        res, ra = t["res"], t["ratios"]
+
+        def ratio(a, o):
+            k = f"{a}_speedup_vs_{o}"
+            return f"{ra[k]:.2f}x" if k in ra else "-"
+
+        pct = (lambda key: f"{100 * res['kernelflow'][key]:.0f}%"
+               if "kernelflow" in res and key in res["kernelflow"] else "-")
+        log(f"| {t['h_q']} | {t['b']} | {t['s_k']} | {cell(res, 'kernelflow')} | "
+            f"{cell(res, 'kernelflow', 'GBps', '{:.0f}')} | "
+            f"{cell(res, 'kernelflow', 'TFLOPS', '{:.1f}')} | {pct('frac_read_peak')} | "
+            f"{pct('frac_mma_peak')} | {cell(res, 'triton')} | "
+            f"{cell(res, 'triton', 'GBps', '{:.0f}')} | {cell(res, 'triton', 'TFLOPS', '{:.1f}')} | "
+            f"{cell(res, 'torch')} | {cell(res, fm_key)} | {ratio('kernelflow', 'triton')} | "
+            f"{ratio('kernelflow', 'torch')} | {ratio('kernelflow', fm_key)} | "
+            f"{ratio('triton', 'torch')} | {ratio('triton', fm_key)} |")
+    log("(speedups: the other kernel's time / this one's; > 1 means faster)")
+    n_fail = sum(1 for r in rows if "check" in r and not r["check"]["ok"])
+    log(f"\nchecks: {sum(1 for r in rows if 'check' in r)} run, {n_fail} failed; "
+        f"errors: {len(errors)}")
+
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "num_sms": num_sms, "l2_bytes": l2,
+                       "torch": torch.__version__, "triton": triton_mla.triton.__version__,
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+                       "peaks": pk, "flashmla_measured": flashmla_measured,
+                       "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "ratios")}
+                                                for t in table],
+                       "errors": errors}, f, indent=1, default=str)
+        log(f"wrote {args.json}")
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
