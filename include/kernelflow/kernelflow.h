@@ -111,7 +111,7 @@ KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q
 
 /* ---- decode ----------------------------------------------------------------------------- */
 
-/* Bytes of workspace a decode needs for the split partials (0 is possible for one worker). */
+/* Bytes of workspace a decode needs for the split partials (0 for one worker: nothing splits). */
 KF_API kf_status kf_mla_workspace_size(int batch, int h_q, int s_q, int num_workers,
                                        size_t* bytes);
 /* o = softmax(scale * q k^T) v over each request's cache_seqlens[b] positions (causal for s_q >

@@ -77,6 +77,7 @@ inline int64_t workspace_lse_accum_bytes(int batch, int num_rows, int num_worker
   return align256(max_pieces(batch, num_workers) * num_rows * int64_t(sizeof(float)));
 }
 inline int64_t workspace_bytes(int batch, int num_rows, int num_workers) {
+  if (num_workers == 1) return 0;  // one worker never splits a request
   return workspace_o_accum_bytes(batch, num_rows, num_workers) +
          workspace_lse_accum_bytes(batch, num_rows, num_workers);
 }

@@ -1,0 +1,220 @@
+// CPU decode through the C API against the float64 reference (SPEC.md section 4 thresholds), on
+// fresh random data with scattered pages, NaN page padding and poisoned outputs.
+#include "test_util.h"
+
+using namespace kft;
+
+namespace {
+
+struct DecodeCase {
+  const char* name;
+  bool bf16;
+  int batch, s_q, h_q, page_size, max_len, num_workers;
+  double zero_fraction;
+};
+
+void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
+
+class CpuDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(CpuDecode, MatchesFloat64Reference) {
+  const DecodeCase& c = GetParam();
+  auto rng = test_rng();
+  Problem pr;
+  pr.bf16 = c.bf16;
+  pr.batch = c.batch;
+  pr.s_q = c.s_q;
+  pr.h_q = c.h_q;
+  pr.page_size = c.page_size;
+  pr.num_workers = c.num_workers;
+  pr.seqlens = random_lengths(rng, c.batch, c.max_len, c.zero_fraction);
+  Built b = build_problem(pr, rng);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  expect_matches_reference(b);
+}
+
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> v;
+  // every power-of-two page size 1..256
+  static const char* ps_names[] = {"Page1", "Page2", "Page4", "Page8", "Page16",
+                                   "Page32", "Page64", "Page128", "Page256"};
+  for (int i = 0; i <= 8; ++i) v.push_back({ps_names[i], true, 3, 1, 16, 1 << i, 1000, 5, 0.0});
+  // h_q 1/16/128 x s_q 1..4 (causal), variable and zero lengths
+  static const char* hs_names[3][4] = {
+      {"Hq1Sq1", "Hq1Sq2", "Hq1Sq3", "Hq1Sq4"},
+      {"Hq16Sq1", "Hq16Sq2", "Hq16Sq3", "Hq16Sq4"},
+      {"Hq128Sq1", "Hq128Sq2", "Hq128Sq3", "Hq128Sq4"}};
+  const int hs[3] = {1, 16, 128};
+  for (int i = 0; i < 3; ++i)
+    for (int s = 1; s <= 4; ++s)
+      v.push_back({hs_names[i][s - 1], true, 3, s, hs[i], 64, hs[i] == 128 ? 400 : 1000, 7, 0.2});
+  v.push_back({"Fp16Page16", false, 3, 1, 16, 16, 400, 5, 0.2});
+  v.push_back({"Fp16Hq128Sq2", false, 2, 2, 128, 64, 150, 6, 0.0});
+  v.push_back({"OneWorker", true, 4, 1, 16, 32, 300, 1, 0.25});
+  v.push_back({"ManyWorkersFewRequests", true, 2, 2, 16, 64, 900, 40, 0.0});
+  v.push_back({"MoreWorkersThanTiles", true, 1, 1, 16, 16, 70, 64, 0.0});
+  v.push_back({"ShortCausalRows", true, 6, 4, 16, 2, 5, 3, 0.3});
+  v.push_back({"LongSplitRequest", true, 1, 1, 16, 64, 5000, 9, 0.0});
+  v.push_back({"MostlyEmpty", true, 8, 1, 16, 16, 100, 4, 0.75});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CpuDecode, ::testing::ValuesIn(decode_cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) { return std::string(i.param.name); });
+
+Problem split_problem(std::mt19937_64& rng) {
+  Problem pr;
+  pr.batch = 3;
+  pr.s_q = 2;
+  pr.h_q = 16;
+  pr.page_size = 16;
+  pr.num_workers = 11;
+  pr.seqlens = random_lengths(rng, pr.batch, 700, 0.0);
+  return pr;
+}
+
+TEST(CpuDecodeSchedule, SplitRequestsAreCombined) {
+  auto rng = test_rng();
+  Problem pr = split_problem(rng);
+  Built b = build_problem(pr, rng);
+  // The metadata must split at least one request, or this does not test the combine.
+  const int32_t* meta = b.metadata.ptr<int32_t>();
+  ASSERT_GT(meta[7], pr.batch) << "total pieces";
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  expect_matches_reference(b);
+}
+
+TEST(CpuDecodeDeterminism, RerunsAreBitIdentical) {
+  auto rng = test_rng();
+  Built b = build_problem(split_problem(rng), rng);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  const auto out1 = b.out.snapshot(), lse1 = b.lse.snapshot();
+  b.out.fill<uint16_t>(0x1234);  // different poison, stale workspace
+  b.lse.fill<float>(7.f);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  EXPECT_EQ(out1, b.out.snapshot());
+  EXPECT_EQ(lse1, b.lse.snapshot());
+}
+
+TEST(CpuDecodeDeterminism, WorkspacePoisonDoesNotMatter) {
+  auto rng = test_rng();
+  Built b = build_problem(split_problem(rng), rng);
+  b.workspace.fill<uint8_t>(0x00);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  const auto out1 = b.out.snapshot(), lse1 = b.lse.snapshot();
+  b.workspace.fill<uint8_t>(0x7f);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  EXPECT_EQ(out1, b.out.snapshot());
+  EXPECT_EQ(lse1, b.lse.snapshot());
+}
+
+TEST(CpuDecodePadding, NaNBeyondSeqlenGivesTheSameBits) {
+  auto rng1 = test_rng(1), rng2 = test_rng(1);
+  Problem pr = split_problem(rng1);
+  split_problem(rng2);
+  pr.s_q = 3;  // causal rows stop short of seqlen too
+  Problem zero = pr;
+  zero.nan_padding = false;
+  Built a = build_problem(pr, rng1);
+  Built z = build_problem(zero, rng2);  // same draws, zero padding
+  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(run_decode(z), KF_SUCCESS) << kf_last_error();
+  EXPECT_EQ(a.out.snapshot(), z.out.snapshot());
+  EXPECT_EQ(a.lse.snapshot(), z.lse.snapshot());
+}
+
+TEST(CpuDecodeLayout, StridedQAndOutGiveTheSameBits) {
+  auto rng1 = test_rng(2), rng2 = test_rng(2);
+  Problem pr = split_problem(rng1);
+  split_problem(rng2);
+  Problem st = pr;
+  st.strided = true;
+  Built a = build_problem(pr, rng1);
+  Built s = build_problem(st, rng2);
+  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(run_decode(s), KF_SUCCESS) << kf_last_error();
+  for (int r = 0; r < pr.batch; ++r)
+    for (int q = 0; q < pr.s_q; ++q)
+      for (int h = 0; h < pr.h_q; ++h) ASSERT_EQ(out_row(a, r, q, h), out_row(s, r, q, h));
+  EXPECT_EQ(a.lse.snapshot(), s.lse.snapshot());
+  expect_matches_reference(s);
+}
+
+TEST(CpuDecodeLayout, FourDimensionalCacheGivesTheSameBits) {
+  auto rng1 = test_rng(3), rng2 = test_rng(3);
+  Problem pr = split_problem(rng1);
+  split_problem(rng2);
+  Problem p4 = pr;
+  p4.cache_4d = true;
+  Built a = build_problem(pr, rng1);
+  Built c = build_problem(p4, rng2);
+  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(run_decode(c), KF_SUCCESS) << kf_last_error();
+  EXPECT_EQ(a.out.snapshot(), c.out.snapshot());
+  EXPECT_EQ(a.lse.snapshot(), c.lse.snapshot());
+}
+
+TEST(CpuDecodeSchedule, WorkerCountChangesRoundingOnly) {
+  auto rng1 = test_rng(4), rng2 = test_rng(4);
+  Problem pr = split_problem(rng1);
+  split_problem(rng2);
+  Problem one = pr;
+  one.num_workers = 1;
+  Built a = build_problem(pr, rng1);
+  Built o = build_problem(one, rng2);
+  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(run_decode(o), KF_SUCCESS) << kf_last_error();
+  double worst = 0;
+  for (int r = 0; r < pr.batch; ++r)
+    for (int q = 0; q < pr.s_q; ++q)
+      for (int h = 0; h < pr.h_q; ++h) {
+        const auto x = out_row(a, r, q, h), y = out_row(o, r, q, h);
+        worst = std::max(worst, cosine_distance(x, y.data(), 512));
+      }
+  EXPECT_LT(worst, 1e-5);
+  for (int i = 0; i < pr.batch * pr.h_q * pr.s_q; ++i)
+    EXPECT_NEAR(a.lse.ptr<float>()[i], o.lse.ptr<float>()[i], 1e-5);
+}
+
+TEST(CpuDecodeEmpty, AllRequestsEmptyGiveZeroAndMinusInf) {
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 4;
+  pr.s_q = 2;
+  pr.seqlens = {0, 0, 0, 0};
+  pr.num_workers = 3;
+  Built b = build_problem(pr, rng);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  for (int i = 0; i < pr.batch * pr.h_q * pr.s_q; ++i) EXPECT_EQ(b.lse.ptr<float>()[i], -INFINITY);
+  for (int64_t i = 0; i < b.out.numel(); ++i) ASSERT_EQ(b.out.ptr<uint16_t>()[i], 0) << i;
+}
+
+TEST(CpuDecodeScale, SoftmaxScaleIsApplied) {
+  // lse of a one-token request is scale * <q, k>: checks the scale is used, not 576^-0.5.
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 1;
+  pr.h_q = 1;
+  pr.seqlens = {1};
+  pr.scale = 0.135234f;
+  Built b = build_problem(pr, rng);
+  ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+  double dot = 0;
+  for (int d = 0; d < 576; ++d) dot += b.q[d] * b.kv[0][d];
+  EXPECT_NEAR(b.lse.ptr<float>()[0], 0.135234 * dot, 1e-4);
+  const auto o = out_row(b, 0, 0, 0);
+  for (int d = 0; d < 512; ++d) EXPECT_EQ(o[d], b.kv[0][d]) << d;  // one token: o = v exactly
+}
+
+TEST(CpuDecodeErrorBuffer, StaysClearOnValidInput) {
+  auto rng = test_rng();
+  Built b = build_problem(split_problem(rng), rng);
+  HostTensor eb(kI32, {4});
+  eb.ptr<int32_t>()[1] = -1;
+  ASSERT_EQ(run_decode(b, eb.dl()), KF_SUCCESS) << kf_last_error();
+  EXPECT_EQ(eb.ptr<int32_t>()[0], 0);
+  EXPECT_EQ(eb.ptr<int32_t>()[1], -1);
+  expect_matches_reference(b);
+}
+
+}  // namespace

@@ -1,0 +1,413 @@
+// The CUDA backend against the CPU backend, through the C API on cudaMalloc'd buffers. Every test
+// skips with a reason where the build has no CUDA or no device is visible, so the binary builds
+// and lists these tests on any machine.
+#include "test_util.h"
+
+#if KF_TESTS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+using namespace kft;
+
+namespace {
+
+#if KF_TESTS_WITH_CUDA
+#define KF_REQUIRE_GPU()                                                     \
+  do {                                                                       \
+    if (kf_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
+  } while (0)
+#else
+#define KF_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA (KF_WITH_CUDA=OFF)"
+#endif
+
+#if KF_TESTS_WITH_CUDA
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A device copy of a HostTensor: same dtype, shape and strides, on cuda:0.
+class DeviceTensor {
+ public:
+  explicit DeviceTensor(HostTensor& h) : bytes_(h.bytes()) {
+    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
+    if (ptr_) cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice);
+    t_ = *h.dl();
+    t_.data = ptr_;
+    t_.device = DLDevice{kDLCUDA, 0};
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DLTensor* dl() { return &t_; }
+  bool ok() const { return ptr_ != nullptr; }
+  void upload(HostTensor& h) { cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice); }
+  void download(HostTensor& h) { cudaMemcpy(h.ptr<uint8_t>(), ptr_, bytes_, cudaMemcpyDeviceToHost); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+  DLTensor t_{};
+};
+
+// All decode tensors of a Built problem on the device; the host copies stay the CPU's inputs.
+struct DeviceProblem {
+  explicit DeviceProblem(Built& b)
+      : q(b.q_t), cache(b.cache), block_table(b.block_table), cache_seqlens(b.cache_seqlens),
+        metadata(b.metadata), out(b.out), lse(b.lse), workspace(b.workspace) {}
+  kf_status metadata_call(const Problem& pr, void* stream = nullptr) {
+    return kf_mla_metadata(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, metadata.dl(), stream);
+  }
+  kf_status decode(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr, void* stream = nullptr) {
+    return kf_mla_decode(q.dl(), cache.dl(), fmt, block_table.dl(), cache_seqlens.dl(), metadata.dl(), pr.scale,
+                         out.dl(), lse.dl(), workspace.dl(), eb, stream);
+  }
+  DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
+};
+
+// Worst row cosine distance and lse difference between two finished outputs of one problem.
+void expect_close_to(Built& gpu, Built& cpu, double max_cos = 1e-5, double max_lse = 1e-4) {
+  const Problem& pr = cpu.pr;
+  double worst = 0, worst_lse = 0;
+  for (int r = 0; r < pr.batch; ++r)
+    for (int s = 0; s < pr.s_q; ++s)
+      for (int h = 0; h < pr.h_q; ++h) {
+        const auto x = out_row(gpu, r, s, h), y = out_row(cpu, r, s, h);
+        const size_t li = (size_t(r) * pr.h_q + h) * pr.s_q + s;
+        const float lg = gpu.lse.ptr<float>()[li], lc = cpu.lse.ptr<float>()[li];
+        if (lc == -INFINITY) {
+          ASSERT_EQ(lg, -INFINITY) << "r=" << r << " s=" << s << " h=" << h;
+          for (int d = 0; d < 512; ++d) ASSERT_EQ(x[d], 0.0);
+          continue;
+        }
+        for (int d = 0; d < 512; ++d) ASSERT_TRUE(std::isfinite(x[d]));
+        worst = std::max(worst, cosine_distance(x, y.data(), 512));
+        worst_lse = std::max(worst_lse, std::fabs(double(lg) - double(lc)));
+      }
+  EXPECT_LT(worst, max_cos);
+  EXPECT_LT(worst_lse, max_lse);
+}
+
+#endif  // KF_TESTS_WITH_CUDA
+
+struct GpuCase {
+  const char* name;
+  bool bf16;
+  int batch, s_q, h_q, page_size, max_len;
+  double zero_fraction;
+};
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
+
+class GpuDecode : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuDecode, MatchesCpuBackendAndReference) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  const GpuCase& c = GetParam();
+  auto rng = test_rng();
+  Problem pr;
+  pr.bf16 = c.bf16;
+  pr.batch = c.batch;
+  pr.s_q = c.s_q;
+  pr.h_q = c.h_q;
+  pr.page_size = c.page_size;
+  int w = 0;
+  ASSERT_EQ(kf_mla_default_num_workers(0, c.h_q, c.s_q, &w), KF_SUCCESS) << kf_last_error();
+  pr.num_workers = w;
+  pr.seqlens = random_lengths(rng, c.batch, c.max_len, c.zero_fraction);
+  Built cpu = build_problem(pr, rng);
+  DeviceProblem dev(cpu);  // uploads the poisoned out/lse/workspace too
+  ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
+
+  const auto meta_cpu = cpu.metadata.snapshot();
+  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.decode(pr, c.bf16 ? KF_KV_BF16 : KF_KV_FP16), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  Built gpu = build_problem(pr, rng);  // host buffers of the same shapes for the results
+  dev.out.download(gpu.out);
+  dev.lse.download(gpu.lse);
+  dev.metadata.download(gpu.metadata);
+  EXPECT_EQ(meta_cpu, gpu.metadata.snapshot()) << "GPU metadata differs from the CPU scheduler's";
+  expect_close_to(gpu, cpu);
+  // The GPU result against float64 on the same inputs (cpu holds them).
+  dev.out.download(cpu.out);
+  dev.lse.download(cpu.lse);
+  expect_matches_reference(cpu);
+#endif
+}
+
+std::vector<GpuCase> gpu_cases() {
+  return {
+      {"Bf16Hq16Page64", true, 8, 1, 16, 64, 3000, 0.1},
+      {"Bf16Hq128Page64", true, 4, 1, 128, 64, 1500, 0.1},
+      {"Bf16Hq16Sq2Page16", true, 6, 2, 16, 16, 1000, 0.2},
+      {"Bf16Hq128Sq4Page32", true, 3, 4, 128, 32, 600, 0.0},
+      {"Fp16Hq16Page32", false, 8, 1, 16, 32, 2000, 0.2},
+      {"Fp16Hq128Sq2Page64", false, 3, 2, 128, 64, 800, 0.0},
+      {"Bf16ManyShortRequests", true, 64, 1, 16, 64, 100, 0.3},
+      {"Bf16OneLongRequest", true, 1, 1, 16, 64, 20000, 0.0},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode, ::testing::ValuesIn(gpu_cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& i) { return std::string(i.param.name); });
+
+TEST(GpuDecodeDeterminism, RerunsAreBitIdentical) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 5;
+  pr.h_q = 16;
+  pr.s_q = 2;
+  pr.num_workers = 40;
+  pr.seqlens = random_lengths(rng, pr.batch, 3000, 0.0);
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  dev.out.download(b.out);
+  dev.lse.download(b.lse);
+  const auto out1 = b.out.snapshot(), lse1 = b.lse.snapshot();
+  b.out.fill<uint16_t>(0x7fc0);
+  dev.out.upload(b.out);
+  ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  dev.out.download(b.out);
+  dev.lse.download(b.lse);
+  EXPECT_EQ(out1, b.out.snapshot());
+  EXPECT_EQ(lse1, b.lse.snapshot());
+#endif
+}
+
+TEST(GpuDecodeGraph, ReplayWithNewLengthsMatchesEager) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 4;
+  pr.h_q = 16;
+  pr.num_workers = 24;
+  pr.seqlens = {900, 900, 900, 900};
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const kf_status s1 = dev.metadata_call(pr, stream);
+  const kf_status s2 = dev.decode(pr, KF_KV_BF16, nullptr, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(s1, KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(s2, KF_SUCCESS) << kf_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  // New (shorter) lengths: the pages already hold those tokens.
+  for (int r = 0; r < pr.batch; ++r) b.cache_seqlens.ptr<int32_t>()[r] = 100 + 250 * r;
+  dev.cache_seqlens.upload(b.cache_seqlens);
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  dev.out.download(b.out);
+  dev.lse.download(b.lse);
+  const auto out_graph = b.out.snapshot(), lse_graph = b.lse.snapshot();
+  ASSERT_EQ(dev.metadata_call(pr, stream), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.decode(pr, KF_KV_BF16, nullptr, stream), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  dev.out.download(b.out);
+  dev.lse.download(b.lse);
+  EXPECT_EQ(out_graph, b.out.snapshot());
+  EXPECT_EQ(lse_graph, b.lse.snapshot());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+#endif
+}
+
+TEST(GpuCacheAppend, WritesTheCpuBytes) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  for (bool bf16 : {true, false}) {
+    auto rng = test_rng(bf16);
+    std::normal_distribution<float> normal;
+    const int n = 300, num_pages = 8, ps = 64;
+    HostTensor kv(bf16 ? kBF16 : kF16, {n, 576}), slots(kI64, {n});
+    HostTensor cache_cpu(bf16 ? kBF16 : kF16, {num_pages, ps, 576}), cache_gpu = HostTensor(bf16 ? kBF16 : kF16, {num_pages, ps, 576});
+    for (int64_t i = 0; i < kv.numel(); ++i) kv.ptr<uint16_t>()[i] = to_16(normal(rng), bf16);
+    std::vector<int64_t> perm(num_pages * ps);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < n; ++i) slots.ptr<int64_t>()[i] = i % 7 == 3 ? -1 : perm[i];
+    cache_cpu.fill<uint16_t>(nan_16(bf16));
+    DeviceTensor dkv(kv), dslots(slots), dcache(cache_cpu);
+    const kf_kv_format fmt = bf16 ? KF_KV_BF16 : KF_KV_FP16;
+    ASSERT_EQ(kf_cache_append(kv.dl(), cache_cpu.dl(), fmt, slots.dl(), nullptr, nullptr), KF_SUCCESS);
+    ASSERT_EQ(kf_cache_append(dkv.dl(), dcache.dl(), fmt, dslots.dl(), nullptr, nullptr), KF_SUCCESS)
+        << kf_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    dcache.download(cache_gpu);
+    EXPECT_EQ(cache_cpu.snapshot(), cache_gpu.snapshot());
+  }
+#endif
+}
+
+TEST(GpuErrorBuffer, BadDeviceValuesAreMaskedAndReported) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 3;
+  pr.num_workers = 8;
+  pr.seqlens = {100, 200, 300};
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
+  // The host cannot see device contents: a length beyond the block table and a bad page are
+  // clamped/masked by the kernel and reported, never read out of bounds.
+  b.cache_seqlens.ptr<int32_t>()[1] = 1 << 30;
+  b.block_table.ptr<int32_t>()[2 * b.max_pages] = b.num_pages + 1000;
+  dev.cache_seqlens.upload(b.cache_seqlens);
+  dev.block_table.upload(b.block_table);
+  HostTensor eb(kI32, {4});
+  eb.ptr<int32_t>()[1] = -1;
+  DeviceTensor deb(eb);
+  ASSERT_EQ(dev.decode(pr, KF_KV_BF16, deb.dl()), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  deb.download(eb);
+  EXPECT_NE(eb.ptr<int32_t>()[0] & KF_DEVERR_SEQLEN_RANGE, 0);
+  EXPECT_NE(eb.ptr<int32_t>()[0] & KF_DEVERR_PAGE_RANGE, 0);
+  EXPECT_GE(eb.ptr<int32_t>()[1], 1);
+  // Request 0 is untouched by either fault and still correct.
+  dev.out.download(b.out);
+  dev.lse.download(b.lse);
+  b.cache_seqlens.ptr<int32_t>()[1] = 200;
+  const Reference ref = reference_decode(b);
+  const auto o = out_row(b, 0, 0, 0);
+  EXPECT_LT(cosine_distance(o, &ref.o[0], 512), 1e-5);
+#endif
+}
+
+TEST(GpuErrorBuffer, MetadataForAnotherHeadCountIsReported) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 2;
+  pr.num_workers = 3;
+  pr.seqlens = {100, 200};
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  Problem other = pr;
+  other.h_q = 8;  // same metadata size, other header
+  ASSERT_EQ(dev.metadata_call(other), KF_SUCCESS) << kf_last_error();
+  HostTensor eb(kI32, {4});
+  eb.ptr<int32_t>()[1] = -1;
+  DeviceTensor deb(eb);
+  ASSERT_EQ(dev.decode(pr, KF_KV_BF16, deb.dl()), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  deb.download(eb);
+  EXPECT_NE(eb.ptr<int32_t>()[0] & KF_DEVERR_METADATA, 0);
+#endif
+}
+
+// The 8-bit formats: skipped while the CUDA backend reports them unsupported.
+TEST(Gpu8bit, AppendWritesTheCpuBytes) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  for (kf_kv_format fmt : {KF_KV_FP8_E4M3, KF_KV_INT8}) {
+    auto rng = test_rng(fmt);
+    Problem pr;
+    pr.batch = 3;
+    pr.page_size = 64;
+    pr.seqlens = random_lengths(rng, pr.batch, 700, 0.0);
+    Built b = build_problem(pr, rng);
+    HostTensor cpu_cache = append_8bit_cache(b, fmt, 0xff);
+    // the same rows through the GPU, in one call
+    int total = 0;
+    for (int len : pr.seqlens) total += len;
+    HostTensor kv(kBF16, {total, 576}), slots(kI64, {total});
+    int i = 0;
+    for (int r = 0; r < pr.batch; ++r)
+      for (int t = 0; t < pr.seqlens[r]; ++t, ++i) {
+        for (int d = 0; d < 576; ++d) kv.ptr<uint16_t>()[i * 576 + d] = to_bf16(float(b.kv[r][size_t(t) * 576 + d]));
+        slots.ptr<int64_t>()[i] =
+            int64_t(b.block_table.ptr<int32_t>()[r * b.max_pages + t / pr.page_size]) * pr.page_size + t % pr.page_size;
+      }
+    HostTensor gpu_cache(kU8, {b.num_pages, pr.page_size, 644});
+    gpu_cache.fill_bytes(0xff);
+    DeviceTensor dkv(kv), dslots(slots), dcache(gpu_cache);
+    const kf_status s = kf_cache_append(dkv.dl(), dcache.dl(), fmt, dslots.dl(), nullptr, nullptr);
+    if (s == KF_ERROR_UNSUPPORTED) GTEST_SKIP() << kf_last_error();
+    ASSERT_EQ(s, KF_SUCCESS) << kf_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    dcache.download(gpu_cache);
+    EXPECT_EQ(cpu_cache.snapshot(), gpu_cache.snapshot());
+  }
+#endif
+}
+
+TEST(Gpu8bit, DecodeMatchesCpuBackend) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  for (kf_kv_format fmt : {KF_KV_FP8_E4M3, KF_KV_INT8})
+    for (int hq : {16, 128}) {
+      auto rng = test_rng(fmt * 1000 + hq);
+      Problem pr;
+      pr.batch = 4;
+      pr.h_q = hq;
+      pr.s_q = hq == 16 ? 2 : 1;
+      pr.page_size = 64;
+      ASSERT_EQ(kf_mla_default_num_workers(0, pr.h_q, pr.s_q, &pr.num_workers), KF_SUCCESS);
+      pr.seqlens = random_lengths(rng, pr.batch, 2000, 0.2);
+      Built cpu = build_problem(pr, rng);
+      HostTensor cache = append_8bit_cache(cpu, fmt, 0xff);
+      DeviceProblem dev(cpu);
+      DeviceTensor dcache(cache);
+      ASSERT_EQ(decode_8bit(cpu, cache, fmt), KF_SUCCESS) << kf_last_error();
+      const kf_status s = kf_mla_decode(dev.q.dl(), dcache.dl(), fmt, dev.block_table.dl(), dev.cache_seqlens.dl(),
+                                        dev.metadata.dl(), pr.scale, dev.out.dl(), dev.lse.dl(), dev.workspace.dl(),
+                                        nullptr, nullptr);
+      if (s == KF_ERROR_UNSUPPORTED) GTEST_SKIP() << kf_last_error();
+      ASSERT_EQ(s, KF_SUCCESS) << kf_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      Built gpu = build_problem(pr, rng);
+      dev.out.download(gpu.out);
+      dev.lse.download(gpu.lse);
+      expect_close_to(gpu, cpu);  // SPEC.md: same 8-bit cache, GPU vs CPU, worst row < 1e-5
+    }
+#endif
+}
+
+TEST(GpuDevice, DefaultWorkersFromSmCount) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  for (int hq : {16, 128}) {
+    int w = 0;
+    ASSERT_EQ(kf_mla_default_num_workers(0, hq, 1, &w), KF_SUCCESS) << kf_last_error();
+    EXPECT_GE(w, 1);
+    int sms = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    EXPECT_LE(w, sms);
+  }
+  int w = 0;
+  EXPECT_EQ(kf_mla_default_num_workers(kf_cuda_device_count(), 16, 1, &w), KF_ERROR_INVALID_ARGUMENT);
+#endif
+}
+
+TEST(GpuErrors, MixedHostAndDeviceTensorsAreRejected) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  auto rng = test_rng();
+  Problem pr;
+  pr.seqlens = {10, 20};
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  EXPECT_EQ(kf_mla_decode(dev.q.dl(), dev.cache.dl(), KF_KV_BF16, dev.block_table.dl(), dev.cache_seqlens.dl(),
+                          dev.metadata.dl(), pr.scale, b.out.dl(), dev.lse.dl(), dev.workspace.dl(), nullptr, nullptr),
+            KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kf_last_error()).find("out: expected device cuda:0"), std::string::npos) << kf_last_error();
+#endif
+}
+
+}  // namespace

@@ -1,0 +1,223 @@
+// Invariants of the split scheduler (src/core/scheduler.h) over many random batches: exact
+// coverage, the per-worker cost bound, piece order and numbering, determinism, and the C API's
+// metadata being the same bytes.
+#include <map>
+#include <set>
+
+#include "core/scheduler.h"
+#include "test_util.h"
+
+using namespace kft;
+
+namespace {
+
+struct Sched {
+  std::vector<int32_t> seqlens;
+  int h_q = 16, s_q = 1, W = 1;
+  std::vector<int32_t> meta;
+  int batch() const { return int(seqlens.size()); }
+  void build() {
+    meta.assign(size_t(kf::metadata_size(batch(), W)), -12345);
+    kf::build_schedule(seqlens.data(), batch(), h_q, s_q, W, meta.data());
+  }
+  std::vector<kf::Piece> pieces_of(int w) const {
+    std::vector<kf::Piece> v;
+    kf::for_each_piece(meta.data(), w, [&](int r) { return seqlens[r]; },
+                       [&](const kf::Piece& p) { v.push_back(p); });
+    return v;
+  }
+};
+
+Sched random_sched(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> nb(1, 64), nw(1, 300), len(1, 5000), mode(0, 3);
+  Sched s;
+  s.seqlens.resize(nb(rng));
+  const int m = mode(rng);
+  for (auto& x : s.seqlens) {
+    const int v = len(rng);
+    x = m == 0 ? v : m == 1 ? v % 70 : m == 2 ? (v % 3 == 0 ? 0 : v) : v % 7;  // mixes of sizes
+  }
+  s.W = nw(rng);
+  s.h_q = 1 << std::uniform_int_distribution<int>(0, 7)(rng);
+  s.s_q = std::uniform_int_distribution<int>(1, 16)(rng);
+  s.build();
+  return s;
+}
+
+// Every (request, tile) point covered exactly once; an empty request owns one empty piece.
+void expect_exact_cover(const Sched& s) {
+  std::map<std::pair<int, int>, int> seen;  // (req, tile) -> times
+  std::vector<int> empty_pieces(s.batch(), 0);
+  for (int w = 0; w < s.W; ++w)
+    for (const kf::Piece& p : s.pieces_of(w)) {
+      ASSERT_GE(p.req, 0);
+      ASSERT_LT(p.req, s.batch());
+      ASSERT_EQ(p.token_begin % kf::kSchedBlockN, 0);
+      ASSERT_LE(p.token_end, s.seqlens[p.req]);
+      if (s.seqlens[p.req] == 0) {
+        ASSERT_EQ(p.token_begin, 0);
+        ASSERT_EQ(p.token_end, 0);
+        ++empty_pieces[p.req];
+        continue;
+      }
+      ASSERT_LT(p.token_begin, p.token_end) << "a piece of a non-empty request holds a token";
+      for (int t = p.token_begin; t < p.token_end; t += kf::kSchedBlockN)
+        ++seen[{p.req, t / kf::kSchedBlockN}];
+    }
+  for (int r = 0; r < s.batch(); ++r) {
+    if (s.seqlens[r] == 0) {
+      EXPECT_EQ(empty_pieces[r], 1) << "request " << r;
+      continue;
+    }
+    for (int t = 0; t < kf::sched_tiles(s.seqlens[r]); ++t) ASSERT_EQ((seen[{r, t}]), 1) << "r=" << r << " tile=" << t;
+  }
+  int64_t total = 0;
+  for (const auto& kv : seen) total += kv.second;
+  int64_t want = 0;
+  for (int len : s.seqlens) want += kf::sched_tiles(len);
+  EXPECT_EQ(total, want);
+}
+
+TEST(Scheduler, RandomBatchesCoverEveryTileExactlyOnce) {
+  auto rng = test_rng();
+  for (int i = 0; i < 400; ++i) {
+    Sched s = random_sched(rng);
+    SCOPED_TRACE("batch " + std::to_string(s.batch()) + " W " + std::to_string(s.W));
+    expect_exact_cover(s);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(Scheduler, WorkerCostWithinMeanPlusFixedCost) {
+  auto rng = test_rng();
+  for (int i = 0; i < 400; ++i) {
+    Sched s = random_sched(rng);
+    int64_t T = 0;
+    for (int len : s.seqlens) T += kf::sched_tiles(len) + kf::kFixedCost;
+    const int64_t bound = (T + s.W - 1) / s.W + kf::kFixedCost;
+    for (int w = 0; w < s.W; ++w) {
+      int64_t cost = 0;
+      for (const kf::Piece& p : s.pieces_of(w))
+        cost += kf::ceil_div(p.token_end - p.token_begin, kf::kSchedBlockN) + kf::kFixedCost;
+      ASSERT_LE(cost, bound) << "worker " << w << " of " << s.W << ", batch " << s.batch();
+    }
+  }
+}
+
+TEST(Scheduler, PiecesAreNumberedInKvOrder) {
+  auto rng = test_rng();
+  for (int i = 0; i < 400; ++i) {
+    Sched s = random_sched(rng);
+    const int32_t* po = kf::meta_piece_offset(s.meta.data(), s.W);
+    ASSERT_EQ(po[0], 0);
+    ASSERT_EQ(po[s.batch()], s.meta[kf::kMetaTotalPiecesIdx]);
+    ASSERT_LE(po[s.batch()], kf::max_pieces(s.batch(), s.W));
+    std::map<int, kf::Piece> by_index;
+    int last_global = -1;
+    for (int w = 0; w < s.W; ++w)
+      for (const kf::Piece& p : s.pieces_of(w)) {
+        ASSERT_GT(p.piece, last_global) << "pieces increase along workers";
+        last_global = p.piece;
+        ASSERT_GE(p.piece, po[p.req]);
+        ASSERT_LT(p.piece, po[p.req + 1]);
+        ASSERT_EQ(p.only_piece, po[p.req + 1] - po[p.req] == 1);
+        ASSERT_TRUE(by_index.emplace(p.piece, p).second) << "piece " << p.piece << " twice";
+      }
+    ASSERT_EQ(int(by_index.size()), po[s.batch()]) << "every piece index used";
+    // Within a request the pieces tile [0, seqlen) in index order.
+    for (int r = 0; r < s.batch(); ++r) {
+      ASSERT_EQ(by_index[po[r]].token_begin, 0) << "r=" << r;
+      ASSERT_EQ(by_index[po[r + 1] - 1].token_end, s.seqlens[r]) << "r=" << r;
+      for (int k = po[r]; k + 1 < po[r + 1]; ++k)
+        ASSERT_EQ(by_index[k].token_end, by_index[k + 1].token_begin) << "r=" << r << " k=" << k;
+    }
+  }
+}
+
+TEST(Scheduler, SameInputSameBytes) {
+  auto rng = test_rng();
+  for (int i = 0; i < 100; ++i) {
+    Sched s = random_sched(rng);
+    const std::vector<int32_t> first = s.meta;
+    s.meta.assign(s.meta.size(), 777);  // different garbage before the rebuild
+    s.build();
+    ASSERT_EQ(first, s.meta);
+  }
+}
+
+TEST(Scheduler, HeaderRecordsTheCall) {
+  Sched s;
+  s.seqlens = {10, 0, 300};
+  s.h_q = 128;
+  s.s_q = 3;
+  s.W = 5;
+  s.build();
+  EXPECT_EQ(s.meta[kf::kMetaMagicIdx], kf::kMetaMagic);
+  EXPECT_EQ(s.meta[kf::kMetaVersionIdx], kf::kMetaVersion);
+  EXPECT_EQ(s.meta[kf::kMetaBatchIdx], 3);
+  EXPECT_EQ(s.meta[kf::kMetaHqIdx], 128);
+  EXPECT_EQ(s.meta[kf::kMetaSqIdx], 3);
+  EXPECT_EQ(s.meta[kf::kMetaWorkersIdx], 5);
+  EXPECT_EQ(s.meta[kf::kMetaBlockNIdx], kf::kSchedBlockN);
+}
+
+TEST(Scheduler, AllEmptyRequests) {
+  Sched s;
+  s.seqlens.assign(9, 0);
+  s.W = 4;
+  s.build();
+  expect_exact_cover(s);
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 9);
+}
+
+TEST(Scheduler, MoreWorkersThanWork) {
+  Sched s;
+  s.seqlens = {64};
+  s.W = 132;
+  s.build();
+  expect_exact_cover(s);
+  int busy = 0;
+  for (int w = 0; w < s.W; ++w) busy += !s.pieces_of(w).empty();
+  EXPECT_GE(busy, 1);
+  EXPECT_LE(s.meta[kf::kMetaTotalPiecesIdx], 1 + 1) << "one tile splits into at most one piece";
+}
+
+TEST(Scheduler, OneWorkerNeverSplits) {
+  auto rng = test_rng();
+  for (int i = 0; i < 50; ++i) {
+    Sched s = random_sched(rng);
+    s.W = 1;
+    s.build();
+    EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], s.batch());
+    for (const kf::Piece& p : s.pieces_of(0)) EXPECT_TRUE(p.only_piece);
+  }
+}
+
+TEST(Scheduler, LongRequestIsSplitAcrossWorkers) {
+  Sched s;
+  s.seqlens = {64 * 1000};
+  s.W = 8;
+  s.build();
+  expect_exact_cover(s);
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 8);
+  for (int w = 0; w < s.W; ++w) EXPECT_EQ(s.pieces_of(w).size(), 1u) << w;
+}
+
+TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
+  auto rng = test_rng();
+  for (int i = 0; i < 30; ++i) {
+    Sched s = random_sched(rng);
+    HostTensor seqlens(kI32, {s.batch()});
+    std::copy(s.seqlens.begin(), s.seqlens.end(), seqlens.ptr<int32_t>());
+    size_t n = 0;
+    ASSERT_EQ(kf_mla_metadata_size(s.batch(), s.W, &n), KF_SUCCESS);
+    ASSERT_EQ(n, s.meta.size());
+    HostTensor meta(kI32, {int64_t(n)});
+    meta.fill<int32_t>(-1);
+    ASSERT_EQ(kf_mla_metadata(seqlens.dl(), s.h_q, s.s_q, s.W, meta.dl(), nullptr), KF_SUCCESS)
+        << kf_last_error();
+    ASSERT_EQ(0, std::memcmp(meta.ptr<int32_t>(), s.meta.data(), n * 4));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,201 @@
+#include "capi/dispatch.h"
+
+#include "capi/error.h"
+#include "capi/tensor_check.h"
+#include "cpu/cpu_backend.h"
+
+#if KF_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/launch.h"
+#endif
+
+namespace kf::capi {
+
+kf_status resolve_device(const DLTensor* t, const char* name, Device* dev) {
+  if (t->device.device_type == kDLCPU) {
+    *dev = Device{false, 0};
+    return KF_SUCCESS;
+  }
+  if (t->device.device_type == kDLCUDA) {
+    if (t->device.device_id < 0)
+      return fail(KF_ERROR_INVALID_ARGUMENT, "%s: expected a CUDA device id >= 0, got %d", name,
+                  t->device.device_id);
+    *dev = Device{true, t->device.device_id};
+    return KF_SUCCESS;
+  }
+  return fail(KF_ERROR_UNSUPPORTED, "%s: expected a cpu or cuda tensor, got device %s", name,
+              device_string(t->device).c_str());
+}
+
+// Which backends decode and append the 8-bit formats; flipped on as each one lands.
+constexpr bool kCpuHas8bit = true;
+constexpr bool kCudaHas8bit = false;
+
+kf_status check_format_backend(const Device& dev, kf_kv_format format) {
+  if (format != KF_KV_FP8_E4M3 && format != KF_KV_INT8) return KF_SUCCESS;
+  if (dev.cuda ? kCudaHas8bit : kCpuHas8bit) return KF_SUCCESS;
+  return fail(KF_ERROR_UNSUPPORTED, "kv_format: %s on %s comes with the 8-bit cache issue",
+              format == KF_KV_FP8_E4M3 ? "KF_KV_FP8_E4M3" : "KF_KV_INT8",
+              dev.cuda ? "CUDA" : "the CPU");
+}
+
+#if KF_WITH_CUDA
+
+namespace {
+
+kf_status cuda_fail(cudaError_t e, const char* what) {
+  cudaGetLastError();  // a sticky launch error would otherwise fail the next call too
+  // A launcher without a kernel for this configuration says so with cudaErrorNotSupported.
+  return fail(e == cudaErrorNotSupported ? KF_ERROR_UNSUPPORTED : KF_ERROR_CUDA, "%s: CUDA error %s: %s", what, cudaGetErrorName(e),
+              cudaGetErrorString(e));
+}
+
+// Makes the tensors' device current for a launch and restores the caller's afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device) status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0 && status_ == cudaSuccess) cudaSetDevice(prev_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int prev_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+template <typename Launch>
+kf_status launch_on(const Device& dev, const char* what, Launch&& launch) {
+  DeviceGuard guard(dev.id);
+  if (guard.status() != cudaSuccess) return cuda_fail(guard.status(), what);
+  const cudaError_t e = launch();
+  if (e != cudaSuccess) return cuda_fail(e, what);
+  return KF_SUCCESS;
+}
+
+}  // namespace
+
+kf_status check_backend(const Device& dev) {
+  if (!dev.cuda) return KF_SUCCESS;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(KF_ERROR_CUDA, "cuda:%d: no usable CUDA device: %s", dev.id, cudaGetErrorString(e));
+  }
+  if (dev.id >= count)
+    return fail(KF_ERROR_INVALID_ARGUMENT, "cuda:%d: expected a device id below %d (visible devices)",
+                dev.id, count);
+  int major = 0, minor = 0;
+  cudaError_t a = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.id);
+  if (a == cudaSuccess) a = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev.id);
+  if (a != cudaSuccess) return cuda_fail(a, "compute capability query");
+  if (major < 8)
+    return fail(KF_ERROR_UNSUPPORTED, "cuda:%d is sm_%d%d: the kernels need sm_80 or newer", dev.id,
+                major, minor);
+  return KF_SUCCESS;
+}
+
+kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stream) {
+  if (!dev.cuda) {
+    cpu::mla_metadata(p);
+    return KF_SUCCESS;
+  }
+  return launch_on(dev, "mla_metadata", [&] {
+    return kf::cuda::launch_mla_metadata(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
+kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream) {
+  if (!dev.cuda) {
+    cpu::mla_decode(p);
+    return KF_SUCCESS;
+  }
+  return launch_on(dev, "mla_decode", [&] {
+    return kf::cuda::launch_mla_decode(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
+kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream) {
+  if (!dev.cuda) {
+    cpu::cache_append(p);
+    return KF_SUCCESS;
+  }
+  return launch_on(dev, "cache_append", [&] {
+    return kf::cuda::launch_cache_append(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+kf_status cuda_default_num_workers(int device_id, int num_rows, int* num_workers) {
+  KF_CHECK(check_backend(Device{true, device_id}));
+  int sms = 0;
+  const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id);
+  if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
+  const int tiles = kf::cuda::mla_row_tiles(num_rows);
+  const int n = tiles > 0 ? sms / tiles : sms;
+  *num_workers = n < 1 ? 1 : n;
+  return KF_SUCCESS;
+}
+
+std::string cuda_runtime_description() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+    cudaGetLastError();
+    return "cuda runtime unknown";
+  }
+  return "cuda runtime " + std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+#else  // CPU-only build
+
+kf_status check_backend(const Device& dev) {
+  if (!dev.cuda) return KF_SUCCESS;
+  return fail(KF_ERROR_UNSUPPORTED, "cuda:%d: tensors on a CUDA device, but kernelflow was built without CUDA",
+              dev.id);
+}
+
+kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void*) {
+  KF_CHECK(check_backend(dev));
+  cpu::mla_metadata(p);
+  return KF_SUCCESS;
+}
+
+kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void*) {
+  KF_CHECK(check_backend(dev));
+  cpu::mla_decode(p);
+  return KF_SUCCESS;
+}
+
+kf_status run_append(const Device& dev, const CacheAppendParams& p, void*) {
+  KF_CHECK(check_backend(dev));
+  cpu::cache_append(p);
+  return KF_SUCCESS;
+}
+
+int cuda_device_count() { return 0; }
+
+kf_status cuda_default_num_workers(int device_id, int, int*) {
+  return check_backend(Device{true, device_id});
+}
+
+std::string cuda_runtime_description() { return "no CUDA runtime"; }
+
+#endif
+
+}  // namespace kf::capi

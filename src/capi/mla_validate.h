@@ -1,0 +1,33 @@
+// Argument validation of the MLA calls: every dtype, shape, stride, alignment and device rule of
+// kernelflow.h, ending in a filled params struct. Nothing here reads tensor contents (see
+// host_check.h for the CPU-side content checks).
+#pragma once
+
+#include "capi/dispatch.h"
+#include "core/params.h"
+#include "kernelflow/kernelflow.h"
+
+namespace kf::capi {
+
+struct DecodeArgs {
+  const DLTensor* q;
+  const DLTensor* kv_cache;
+  kf_kv_format kv_format;
+  const DLTensor* block_table;
+  const DLTensor* cache_seqlens;
+  const DLTensor* metadata;
+  float softmax_scale;
+  DLTensor* out;
+  DLTensor* lse;
+  DLTensor* workspace;
+  DLTensor* error_buffer;
+};
+
+kf_status validate_metadata_call(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
+                                 DLTensor* metadata, Device* dev, MlaMetadataParams* p);
+kf_status validate_decode_call(const DecodeArgs& a, Device* dev, MlaDecodeParams* p);
+kf_status validate_append_call(const DLTensor* kv, DLTensor* kv_cache, kf_kv_format kv_format,
+                               const DLTensor* slot_mapping, DLTensor* error_buffer, Device* dev,
+                               CacheAppendParams* p);
+
+}  // namespace kf::capi
