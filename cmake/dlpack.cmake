@@ -16,7 +16,12 @@ if(NOT KF_DLPACK_INCLUDE_DIR)
     execute_process(
       COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_LIST_DIR}/find_dlpack.py"
       OUTPUT_VARIABLE _kf_dlpack_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    if(_kf_dlpack_dir)
+    if(_kf_dlpack_dir MATCHES "\\.h$")
+      # A header under another name (torch's ATen/dlpack.h): give it the dlpack/ folder.
+      configure_file("${_kf_dlpack_dir}" "${CMAKE_BINARY_DIR}/dlpack_include/dlpack/dlpack.h"
+        COPYONLY)
+      set(KF_DLPACK_INCLUDE_DIR "${CMAKE_BINARY_DIR}/dlpack_include")
+    elseif(_kf_dlpack_dir)
       set(KF_DLPACK_INCLUDE_DIR "${_kf_dlpack_dir}")
     endif()
   endif()

@@ -1,0 +1,65 @@
+# Hand-written stubs of the nanobind module (its tensor arguments are untyped handles that the
+# binding converts itself, which generated stubs would show as `object`).
+from typing import Any, Optional
+
+# Anything the binding converts to a DLTensor: a NumPy/PyTorch/CuPy/JAX array, an object with
+# __dlpack__, or a DLPack capsule.
+ArrayLike = Any
+
+def version() -> str: ...
+def build_info() -> str: ...
+def last_error() -> str: ...
+def status_string(status: int) -> str: ...
+def cuda_device_count() -> int: ...
+def cache_bytes_per_token(kv_format: int) -> int: ...
+def cache_bytes_per_page(kv_format: int, page_size: int) -> int: ...
+def default_num_workers(device_id: int, h_q: int, s_q: int) -> int: ...
+def metadata_size(batch: int, num_workers: int) -> int: ...
+def workspace_size(batch: int, h_q: int, s_q: int, num_workers: int) -> int: ...
+def mla_metadata(
+    cache_seqlens: ArrayLike,
+    h_q: int,
+    s_q: int,
+    num_workers: int,
+    metadata: ArrayLike,
+    stream: int = 0,
+) -> None: ...
+def mla_decode(
+    q: ArrayLike,
+    kv_cache: ArrayLike,
+    kv_format: int,
+    block_table: ArrayLike,
+    cache_seqlens: ArrayLike,
+    metadata: ArrayLike,
+    softmax_scale: float,
+    out: ArrayLike,
+    lse: ArrayLike,
+    workspace: Optional[ArrayLike] = None,
+    error_buffer: Optional[ArrayLike] = None,
+    stream: int = 0,
+) -> None: ...
+def cache_append(
+    kv: ArrayLike,
+    kv_cache: ArrayLike,
+    kv_format: int,
+    slot_mapping: ArrayLike,
+    error_buffer: Optional[ArrayLike] = None,
+    stream: int = 0,
+) -> None: ...
+def describe(array: ArrayLike) -> dict[str, Any]: ...
+
+KV_BF16: int
+KV_FP16: int
+KV_FP8_E4M3: int
+KV_INT8: int
+HEAD_DIM: int
+LATENT_DIM: int
+ROPE_DIM: int
+MAX_HEADS: int
+MAX_SQ: int
+BYTES_PER_TOKEN_8BIT: int
+ERROR_BUFFER_LEN: int
+DEVERR_SEQLEN_RANGE: int
+DEVERR_PAGE_RANGE: int
+DEVERR_METADATA: int
+DEVERR_SLOT_RANGE: int

@@ -1,0 +1,73 @@
+"""KernelFlow-ops: MLA decode attention (DeepSeek latent attention over a paged cache).
+
+    import kernelflow as kf
+    metadata = kf.get_mla_metadata(cache_seqlens, num_heads_q=16, s_q=1)
+    out, lse = kf.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
+                             softmax_scale=0.114721)
+
+Arrays from NumPy, PyTorch, CuPy and JAX (CPU) are accepted through DLPack; CPU arrays run the
+reference CPU backend, CUDA arrays the GPU kernels. `python -m kernelflow info` prints the build.
+"""
+
+from . import _C
+from .mla import (
+    DEVERR_METADATA,
+    DEVERR_PAGE_RANGE,
+    DEVERR_SEQLEN_RANGE,
+    DEVERR_SLOT_RANGE,
+    ERROR_BUFFER_LEN,
+    KV_FORMATS,
+    cache_append,
+    cache_bytes_per_page,
+    cache_bytes_per_token,
+    default_num_workers,
+    get_mla_metadata,
+    metadata_size,
+    mla_decode,
+    new_error_buffer,
+    new_workspace,
+    workspace_size,
+)
+
+version = _C.version()
+__version__ = version
+
+
+def build_info() -> str:
+    """One line: version, CUDA architectures compiled in (or 'cpu-only'), CUDA runtime."""
+    return _C.build_info()
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to the library (0 without a driver, a GPU or a CUDA build)."""
+    return _C.cuda_device_count()
+
+
+def has_cuda() -> bool:
+    """Whether this build has the CUDA backend compiled in."""
+    return "cpu-only" not in _C.build_info()
+
+
+__all__ = [
+    "DEVERR_METADATA",
+    "DEVERR_PAGE_RANGE",
+    "DEVERR_SEQLEN_RANGE",
+    "DEVERR_SLOT_RANGE",
+    "ERROR_BUFFER_LEN",
+    "KV_FORMATS",
+    "__version__",
+    "build_info",
+    "cache_append",
+    "cache_bytes_per_page",
+    "cache_bytes_per_token",
+    "cuda_device_count",
+    "default_num_workers",
+    "get_mla_metadata",
+    "has_cuda",
+    "metadata_size",
+    "mla_decode",
+    "new_error_buffer",
+    "new_workspace",
+    "version",
+    "workspace_size",
+]

@@ -1,0 +1,185 @@
+"""Which framework an array comes from, and how to allocate in it, export it and pick its stream.
+
+A framework module is only touched when an argument's type comes from it, so it is already
+imported by the caller: nothing here imports torch, CuPy or JAX on its own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+NUMPY = "numpy"
+TORCH = "torch"
+CUPY = "cupy"
+JAX = "jax"
+
+KDL_CPU = 1
+KDL_CUDA = 2
+KDL_CUDA_HOST = 3
+KDL_CUDA_MANAGED = 13
+
+_JAX_IMMUTABLE = (
+    "JAX arrays are immutable: pass a NumPy, PyTorch or CuPy array (a JAX FFI integration "
+    "comes later)"
+)
+
+
+def framework(x, name: str) -> str:
+    """The framework of array `x`; TypeError naming the argument if `x` is no array."""
+    root = type(x).__module__.partition(".")[0]
+    if root == "numpy" and isinstance(x, np.ndarray):
+        return NUMPY
+    if root == "torch" and isinstance(x, sys.modules["torch"].Tensor):
+        return TORCH
+    if root == "cupy" and isinstance(x, sys.modules["cupy"].ndarray):
+        return CUPY
+    if root in ("jax", "jaxlib"):
+        jax = sys.modules.get("jax")
+        if jax is not None and isinstance(x, jax.core.Tracer):
+            raise TypeError(
+                f"{name}: kernelflow cannot be called on traced JAX values (inside jax.jit, "
+                "grad or vmap); a JAX FFI integration comes later"
+            )
+        return JAX
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__") and hasattr(x, "shape"):
+        return "dlpack"  # any other array-API object: usable as an input, outputs go to NumPy
+    raise TypeError(
+        f"{name}: expected an array (NumPy, PyTorch, CuPy, JAX or any object with __dlpack__), "
+        f"got {type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def device(x) -> tuple[int, int]:
+    """(DLPack device type, device id) of an array."""
+    dev_type, dev_id = x.__dlpack_device__()
+    return int(dev_type), int(dev_id)
+
+
+def is_cuda(x) -> bool:
+    return device(x)[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
+
+
+def dtype_name(x) -> str:
+    """'bfloat16', 'float16', 'uint8', ... for any framework's dtype ('torch.bfloat16' too)."""
+    return str(x.dtype).rpartition(".")[2]
+
+
+def check_home(x, fw: str, name: str) -> None:
+    """Raise where results cannot be made in the framework of `x`."""
+    if fw == JAX and is_cuda(x):
+        raise NotImplementedError(
+            f"{name}: JAX arrays on a GPU are not supported yet (a JAX FFI integration comes "
+            "later); convert with torch.from_dlpack(x) or cupy.from_dlpack(x), or use CPU arrays"
+        )
+
+
+def check_writable(x, name: str) -> None:
+    """Raise ValueError for an array that cannot receive results."""
+    if framework(x, name) == JAX:
+        raise ValueError(f"{name}: {_JAX_IMMUTABLE}")
+
+
+def empty(like, fw: str, shape, dtype: str | None = None):
+    """An uninitialized array of `shape` on the device of `like`, in its framework.
+
+    dtype is a NumPy-style name ('int32', 'float32', 'uint8'), or None for the dtype of `like`.
+    JAX and other DLPack producers get NumPy arrays (CPU only): the caller converts at the end.
+    """
+    shape = tuple(int(s) for s in shape)
+    if fw == TORCH:
+        torch = sys.modules["torch"]
+        dt = like.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, dtype=dt, device=like.device)
+    if fw == CUPY:
+        cupy = sys.modules["cupy"]
+        dt = like.dtype if dtype is None else np.dtype(dtype)
+        with like.device:
+            return cupy.empty(shape, dtype=dt)
+    if fw != NUMPY and is_cuda(like):
+        raise NotImplementedError(
+            "results for a GPU array of this framework cannot be allocated: pass out=, lse= "
+            "and workspace= as PyTorch or CuPy arrays"
+        )
+    dt = np.dtype(like.dtype) if dtype is None else np.dtype(dtype)
+    return np.empty(shape, dtype=dt)
+
+
+def _data_ptr(x, fw: str) -> int:
+    if fw == TORCH:
+        return int(x.data_ptr())
+    if fw == CUPY:
+        return int(x.data.ptr)
+    return int(x.__array_interface__["data"][0])
+
+
+def empty_bytes(like, fw: str, nbytes: int, align: int = 256):
+    """uint8[nbytes] starting on an `align`-byte boundary (the workspace rule of the C API):
+    NumPy and PyTorch CPU allocations only promise 16 or 64 bytes."""
+    raw = empty(like, fw, (nbytes + align,), "uint8")
+    offset = (-_data_ptr(raw, fw)) % align
+    return raw[offset : offset + nbytes]
+
+
+def error_buffer(like, fw: str):
+    """A fresh device error buffer int32[4] = [0, -1, 0, 0] next to `like`."""
+    init = np.array([0, -1, 0, 0], dtype=np.int32)
+    if fw == TORCH:
+        return sys.modules["torch"].tensor(init, device=like.device)
+    if fw == CUPY:
+        with like.device:
+            return sys.modules["cupy"].asarray(init)
+    return init
+
+
+def to_home(x, fw: str):
+    """Convert a result made in NumPy back to the caller's framework (JAX)."""
+    if fw == JAX:
+        return sys.modules["jax"].numpy.asarray(x)
+    return x
+
+
+def export(x, fw: str | None = None):
+    """What to hand to the binding for array `x`.
+
+    PyTorch and CuPy GPU arrays go as DLPack capsules made without stream synchronization:
+    their __dlpack__ would otherwise order the legacy default stream after the current one,
+    which breaks CUDA graph capture. The library runs on the stream it is given.
+    """
+    if fw is None:
+        fw = framework(x, "array")
+    if fw == TORCH:
+        if x.requires_grad:
+            x = x.detach()
+        return sys.modules["torch"].utils.dlpack.to_dlpack(x)
+    if fw == CUPY:
+        return x.toDlpack()
+    return x
+
+
+def stream_handle(stream, like, fw: str) -> int:
+    """The CUDA stream as an int: an explicit one, else the current stream of the framework."""
+    if stream is None:
+        if fw == TORCH and like.is_cuda:
+            torch = sys.modules["torch"]
+            return int(torch.cuda.current_stream(like.device).cuda_stream)
+        if fw == CUPY:
+            cupy = sys.modules["cupy"]
+            with like.device:
+                return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected an int handle or a stream object, got bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream: expected a handle >= 0, got {stream}")
+        return stream
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return handle
+    raise TypeError(
+        f"stream: expected an int handle, a torch.cuda.Stream or a cupy.cuda.Stream, got "
+        f"{type(stream).__module__}.{type(stream).__qualname__}"
+    )

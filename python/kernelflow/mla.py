@@ -1,0 +1,256 @@
+"""MLA decode: metadata, decode and cache append over any framework's arrays.
+
+Arrays come from NumPy, PyTorch, CuPy or JAX (CPU) and reach the C API through DLPack without a
+copy. Results are allocated in the framework of the first tensor argument (JAX callers get JAX
+arrays back, computed through NumPy). Shapes are those of include/kernelflow/kernelflow.h:
+
+    q              [b, s_q, h_q, 576]  bfloat16 or float16
+    kv_cache       [num_pages, page_size, 576] (or [.., 1, 576]) of q's dtype, or uint8
+                   [num_pages, page_size, 644] for the 8-bit formats
+    block_table    int32 [b, max_pages_per_seq]
+    cache_seqlens  int32 [b]
+    out            [b, s_q, h_q, 512] of q's dtype;  lse float32 [b, h_q, s_q]
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+from . import _C
+from . import _frameworks as fw
+
+KV_FORMATS = {
+    "bf16": _C.KV_BF16,
+    "fp16": _C.KV_FP16,
+    "fp8_e4m3": _C.KV_FP8_E4M3,
+    "int8": _C.KV_INT8,
+}
+_FORMAT_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+
+DEVERR_SEQLEN_RANGE = _C.DEVERR_SEQLEN_RANGE
+DEVERR_PAGE_RANGE = _C.DEVERR_PAGE_RANGE
+DEVERR_METADATA = _C.DEVERR_METADATA
+DEVERR_SLOT_RANGE = _C.DEVERR_SLOT_RANGE
+ERROR_BUFFER_LEN = _C.ERROR_BUFFER_LEN
+
+
+def _int(value, name: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+
+
+def _format_code(kv_format, kv_cache) -> int:
+    if kv_format is None:
+        dtype = fw.dtype_name(kv_cache)
+        if dtype in _FORMAT_OF_DTYPE:
+            return KV_FORMATS[_FORMAT_OF_DTYPE[dtype]]
+        if dtype == "uint8":
+            raise ValueError(
+                "kv_format: required for a uint8 kv_cache: 'fp8_e4m3' or 'int8'"
+            )
+        raise ValueError(
+            f"kv_cache: dtype {dtype} is no cache format (bfloat16 or float16, or uint8 with "
+            "kv_format='fp8_e4m3' or 'int8')"
+        )
+    if not isinstance(kv_format, str):
+        raise TypeError(f"kv_format: expected a str, got {type(kv_format).__name__}")
+    try:
+        return KV_FORMATS[kv_format]
+    except KeyError:
+        raise ValueError(
+            f"kv_format: expected one of {', '.join(KV_FORMATS)}, got {kv_format!r}"
+        ) from None
+
+
+def _device_id(device) -> int:
+    """-1 for the CPU, the CUDA ordinal otherwise; `device` is an int, a str, a
+    torch.device or an array."""
+    if isinstance(device, bool):
+        raise TypeError("device: expected an int, a str, a torch.device or an array, got bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str) or type(device).__name__ == "device":
+        text = str(device)
+        if text == "cpu":
+            return -1
+        kind, _, index = text.partition(":")
+        if kind == "cuda":
+            return int(index) if index else 0
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {text!r}")
+    fw.framework(device, "device")
+    dev_type, dev_id = fw.device(device)
+    return -1 if dev_type in (fw.KDL_CPU, fw.KDL_CUDA_HOST) else dev_id
+
+
+def default_num_workers(device, h_q: int, s_q: int = 1) -> int:
+    """Workers the scheduler splits a batch over by default on `device` (an int ordinal, -1
+    or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there)."""
+    return _C.default_num_workers(_device_id(device), _int(h_q, "h_q"), _int(s_q, "s_q"))
+
+
+def metadata_size(batch: int, num_workers: int) -> int:
+    """int32 elements of the metadata for a batch and a worker count."""
+    return _C.metadata_size(_int(batch, "batch"), _int(num_workers, "num_workers"))
+
+
+def workspace_size(batch: int, h_q: int, s_q: int, num_workers: int) -> int:
+    """Bytes of decode workspace for this shape and worker count (may be 0)."""
+    return _C.workspace_size(
+        _int(batch, "batch"), _int(h_q, "h_q"), _int(s_q, "s_q"), _int(num_workers, "num_workers")
+    )
+
+
+def cache_bytes_per_token(kv_format: str) -> int:
+    """1152 for bf16/fp16, 644 for fp8_e4m3/int8."""
+    return _C.cache_bytes_per_token(_format_code(kv_format, None))
+
+
+def cache_bytes_per_page(kv_format: str, page_size: int) -> int:
+    """Bytes of one cache page of `page_size` tokens in `kv_format`."""
+    return _C.cache_bytes_per_page(_format_code(kv_format, None), _int(page_size, "page_size"))
+
+
+def _num_workers_of(metadata, batch: int, name: str = "metadata") -> int:
+    """The worker count a metadata array of this length was made for (its length encodes it)."""
+    n = int(metadata.shape[0]) if len(metadata.shape) == 1 else -1
+    one = _C.metadata_size(batch, 1)
+    per_worker = _C.metadata_size(batch, 2) - one
+    extra, rest = divmod(n - one, per_worker)
+    workers = extra + 1
+    if n < 0 or rest or workers < 1:
+        raise ValueError(
+            f"{name}: shape {tuple(metadata.shape)} fits no worker count for batch {batch} "
+            f"(expected [metadata_size(batch, num_workers)] as made by get_mla_metadata)"
+        )
+    return workers
+
+
+def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=None,
+                     stream=None, out=None):
+    """Split schedule for a decode step: int32 [metadata_size(b, num_workers)] on the device of
+    `cache_seqlens`, in its framework (or written into `out`). Runs on the device without host
+    synchronization, so it can be captured in a CUDA graph with the decode that uses it.
+    num_workers defaults to default_num_workers(device, h_q, s_q); with `out` it defaults to
+    the count out's length was made for."""
+    home = fw.framework(cache_seqlens, "cache_seqlens")
+    fw.check_home(cache_seqlens, home, "cache_seqlens")
+    h_q = _int(num_heads_q, "num_heads_q")
+    s_q = _int(s_q, "s_q")
+    if len(cache_seqlens.shape) != 1:
+        raise ValueError(
+            f"cache_seqlens: expected shape [batch], got {tuple(cache_seqlens.shape)}"
+        )
+    batch = int(cache_seqlens.shape[0])
+    if out is not None:
+        fw.check_writable(out, "out")
+        if num_workers is None:
+            num_workers = _num_workers_of(out, batch, "out")
+    elif num_workers is None:
+        num_workers = default_num_workers(cache_seqlens, h_q, s_q)
+    num_workers = _int(num_workers, "num_workers")
+    if num_workers < 1:
+        raise ValueError(f"num_workers: expected >= 1, got {num_workers}")
+    metadata = out
+    if metadata is None:
+        metadata = fw.empty(cache_seqlens, home, (_C.metadata_size(batch, num_workers),), "int32")
+    _C.mla_metadata(
+        fw.export(cache_seqlens, home), h_q, s_q, num_workers, fw.export(metadata),
+        fw.stream_handle(stream, cache_seqlens, home),
+    )
+    return out if out is not None else fw.to_home(metadata, home)
+
+
+def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale: float,
+               kv_format=None, out=None, lse=None, workspace=None, error_buffer=None,
+               stream=None):
+    """MLA decode attention over a paged latent cache; returns (out, lse).
+
+    softmax_scale is required: for DeepSeek-V2-Lite it is 0.114721 and for V3 0.135234
+    (192**-0.5 times the YaRN mscale**2), not 576**-0.5.
+
+    kv_format is inferred from a bfloat16/float16 cache and required ('fp8_e4m3' or 'int8')
+    for a uint8 one. out, lse and workspace are allocated when not given; the workspace is
+    workspace_size(b, h_q, s_q, num_workers) bytes, uint8. CUDA graph users pass all three
+    (allocating inside a capture is not what you want). error_buffer (int32[4], see
+    new_error_buffer) receives flags for bad device-side values. The stream defaults to the
+    current stream of q's framework (0 otherwise).
+    """
+    home = fw.framework(q, "q")
+    fw.check_home(q, home, "q")
+    for arr, name in ((kv_cache, "kv_cache"), (block_table, "block_table"),
+                      (cache_seqlens, "cache_seqlens"), (metadata, "metadata")):
+        fw.framework(arr, name)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(
+            "softmax_scale: expected a float (there is no default: DeepSeek-V2-Lite uses "
+            f"0.114721, V3 0.135234), got {type(softmax_scale).__name__}"
+        )
+    softmax_scale = float(softmax_scale)
+    code = _format_code(kv_format, kv_cache)
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected shape [b, s_q, h_q, 576], got {tuple(q.shape)}")
+    batch, s_q, h_q = (int(d) for d in q.shape[:3])
+    for arr, name in ((out, "out"), (lse, "lse"), (workspace, "workspace"),
+                      (error_buffer, "error_buffer")):
+        if arr is not None:
+            fw.check_writable(arr, name)
+    if out is None:
+        out = fw.empty(q, home, (batch, s_q, h_q, _C.LATENT_DIM))
+    if lse is None:
+        lse = fw.empty(q, home, (batch, h_q, s_q), "float32")
+    if workspace is None:
+        nbytes = _C.workspace_size(batch, h_q, s_q, _num_workers_of(metadata, batch))
+        workspace = fw.empty_bytes(q, home, nbytes) if nbytes else None
+    _C.mla_decode(
+        fw.export(q, home), fw.export(kv_cache), code, fw.export(block_table),
+        fw.export(cache_seqlens), fw.export(metadata), softmax_scale, fw.export(out),
+        fw.export(lse), None if workspace is None else fw.export(workspace),
+        None if error_buffer is None else fw.export(error_buffer),
+        fw.stream_handle(stream, q, home),
+    )
+    return fw.to_home(out, home), fw.to_home(lse, home)
+
+
+def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, stream=None):
+    """Write rows kv[n, 576] into the paged cache in place: row i goes to slot
+    slot_mapping[i] = page * page_size + offset (int64; negative means skip). 8-bit formats
+    quantize on the fly; kv_format is inferred from a bfloat16/float16 cache."""
+    home = fw.framework(kv_cache, "kv_cache")
+    fw.framework(kv, "kv")
+    fw.framework(slot_mapping, "slot_mapping")
+    fw.check_writable(kv_cache, "kv_cache")
+    if error_buffer is not None:
+        fw.check_writable(error_buffer, "error_buffer")
+    code = _format_code(kv_format, kv_cache)
+    _C.cache_append(
+        fw.export(kv), fw.export(kv_cache, home), code, fw.export(slot_mapping),
+        None if error_buffer is None else fw.export(error_buffer),
+        fw.stream_handle(stream, kv_cache, home),
+    )
+    return kv_cache
+
+
+def new_workspace(q, metadata):
+    """A decode workspace for q's shape and the worker count `metadata` was made for: uint8,
+    256-byte aligned, on q's device, in q's framework. Allocate it once (outside any CUDA graph
+    capture) and pass it as workspace= to every mla_decode of that shape."""
+    home = fw.framework(q, "q")
+    fw.check_home(q, home, "q")
+    fw.framework(metadata, "metadata")
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected shape [b, s_q, h_q, 576], got {tuple(q.shape)}")
+    batch, s_q, h_q = (int(d) for d in q.shape[:3])
+    nbytes = _C.workspace_size(batch, h_q, s_q, _num_workers_of(metadata, batch))
+    return fw.empty_bytes(q, home, nbytes)
+
+
+def new_error_buffer(like):
+    """A device error buffer int32[4] = [0, -1, 0, 0] on the device of `like`."""
+    home = fw.framework(like, "like")
+    fw.check_home(like, home, "like")
+    return fw.error_buffer(like, home)  # NumPy for JAX: the library must be able to write it

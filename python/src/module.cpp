@@ -1,0 +1,183 @@
+// kernelflow._C: one Python function per C API entry point. Arguments are converted to
+// DLTensors, the GIL is released around the call, and a failed status becomes the Python
+// exception that fits it, carrying kf_last_error(). Everything else (defaults, allocation in the
+// caller's framework, streams) lives in python/kernelflow/*.py.
+#include <kernelflow/kernelflow.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tensor.h"
+
+namespace nb = nanobind;
+using kf::py::as_input;
+using kf::py::as_output;
+using kf::py::Tensor;
+
+namespace {
+
+void check(kf_status status, const char* what) {
+  if (status == KF_SUCCESS) return;
+  std::string msg = kf_last_error();
+  if (msg.empty()) msg = std::string(what) + ": " + kf_status_string(status);
+  PyObject* type;
+  switch (status) {
+    case KF_ERROR_INVALID_ARGUMENT: type = PyExc_ValueError; break;
+    case KF_ERROR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
+    default: type = PyExc_RuntimeError; break;  // KF_ERROR_CUDA, KF_ERROR_INTERNAL
+  }
+  PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+kf_kv_format as_format(int kv_format) {
+  if (kv_format < KF_KV_BF16 || kv_format > KF_KV_INT8)
+    throw nb::value_error(("kv_format: expected 0..3 (bf16, fp16, fp8_e4m3, int8), got " +
+                           std::to_string(kv_format)).c_str());
+  return static_cast<kf_kv_format>(kv_format);
+}
+
+void* as_stream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+size_t cache_bytes_per_token(int kv_format) {
+  size_t bytes = 0;
+  check(kf_cache_bytes_per_token(as_format(kv_format), &bytes), "kf_cache_bytes_per_token");
+  return bytes;
+}
+
+size_t cache_bytes_per_page(int kv_format, int page_size) {
+  size_t bytes = 0;
+  check(kf_cache_bytes_per_page(as_format(kv_format), page_size, &bytes), "kf_cache_bytes_per_page");
+  return bytes;
+}
+
+int default_num_workers(int device_id, int h_q, int s_q) {
+  int n = 0;
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;  // may query the CUDA driver
+    st = kf_mla_default_num_workers(device_id, h_q, s_q, &n);
+  }
+  check(st, "kf_mla_default_num_workers");
+  return n;
+}
+
+size_t metadata_size(int batch, int num_workers) {
+  size_t n = 0;
+  check(kf_mla_metadata_size(batch, num_workers, &n), "kf_mla_metadata_size");
+  return n;
+}
+
+size_t workspace_size(int batch, int h_q, int s_q, int num_workers) {
+  size_t bytes = 0;
+  check(kf_mla_workspace_size(batch, h_q, s_q, num_workers, &bytes), "kf_mla_workspace_size");
+  return bytes;
+}
+
+void mla_metadata(nb::handle cache_seqlens, int h_q, int s_q, int num_workers,
+                  nb::handle metadata, uintptr_t stream) {
+  Tensor seqlens = as_input(cache_seqlens, "cache_seqlens");
+  Tensor meta = as_output(metadata, "metadata");
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = kf_mla_metadata(seqlens.in(), h_q, s_q, num_workers, meta.out(), as_stream(stream));
+  }
+  check(st, "kf_mla_metadata");
+}
+
+void mla_decode(nb::handle q, nb::handle kv_cache, int kv_format, nb::handle block_table,
+                nb::handle cache_seqlens, nb::handle metadata, float softmax_scale,
+                nb::handle out, nb::handle lse, nb::handle workspace, nb::handle error_buffer,
+                uintptr_t stream) {
+  const kf_kv_format fmt = as_format(kv_format);
+  Tensor q_t = as_input(q, "q");
+  Tensor kv_t = as_input(kv_cache, "kv_cache");
+  Tensor bt_t = as_input(block_table, "block_table");
+  Tensor sl_t = as_input(cache_seqlens, "cache_seqlens");
+  Tensor md_t = as_input(metadata, "metadata");
+  Tensor out_t = as_output(out, "out");
+  Tensor lse_t = as_output(lse, "lse");
+  Tensor ws_t = as_output(workspace, "workspace", /*optional=*/true);
+  Tensor eb_t = as_output(error_buffer, "error_buffer", /*optional=*/true);
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = kf_mla_decode(q_t.in(), kv_t.in(), fmt, bt_t.in(), sl_t.in(), md_t.in(), softmax_scale,
+                       out_t.out(), lse_t.out(), ws_t.out(), eb_t.out(), as_stream(stream));
+  }
+  check(st, "kf_mla_decode");
+}
+
+void cache_append(nb::handle kv, nb::handle kv_cache, int kv_format, nb::handle slot_mapping,
+                  nb::handle error_buffer, uintptr_t stream) {
+  const kf_kv_format fmt = as_format(kv_format);
+  Tensor kv_t = as_input(kv, "kv");
+  Tensor cache_t = as_output(kv_cache, "kv_cache");
+  Tensor slots_t = as_input(slot_mapping, "slot_mapping");
+  Tensor eb_t = as_output(error_buffer, "error_buffer", /*optional=*/true);
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = kf_cache_append(kv_t.in(), cache_t.out(), fmt, slots_t.in(), eb_t.out(),
+                         as_stream(stream));
+  }
+  check(st, "kf_cache_append");
+}
+
+int cuda_device_count() {
+  nb::gil_scoped_release unlocked;  // the first call initializes the CUDA driver
+  return kf_cuda_device_count();
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "KernelFlow-ops C API bindings (use the kernelflow package, not this module)";
+
+  m.def("version", [] { return std::string(kf_version()); });
+  m.def("build_info", [] { return std::string(kf_build_info()); });
+  m.def("last_error", [] { return std::string(kf_last_error()); });
+  m.def("status_string", [](int s) { return std::string(kf_status_string(static_cast<kf_status>(s))); },
+        nb::arg("status"));
+  m.def("cuda_device_count", &cuda_device_count);
+
+  m.def("cache_bytes_per_token", &cache_bytes_per_token, nb::arg("kv_format"));
+  m.def("cache_bytes_per_page", &cache_bytes_per_page, nb::arg("kv_format"), nb::arg("page_size"));
+  m.def("default_num_workers", &default_num_workers, nb::arg("device_id"), nb::arg("h_q"),
+        nb::arg("s_q"));
+  m.def("metadata_size", &metadata_size, nb::arg("batch"), nb::arg("num_workers"));
+  m.def("workspace_size", &workspace_size, nb::arg("batch"), nb::arg("h_q"), nb::arg("s_q"),
+        nb::arg("num_workers"));
+
+  m.def("mla_metadata", &mla_metadata, nb::arg("cache_seqlens"), nb::arg("h_q"), nb::arg("s_q"),
+        nb::arg("num_workers"), nb::arg("metadata"), nb::arg("stream") = 0);
+  m.def("mla_decode", &mla_decode, nb::arg("q"), nb::arg("kv_cache"), nb::arg("kv_format"),
+        nb::arg("block_table"), nb::arg("cache_seqlens"), nb::arg("metadata"),
+        nb::arg("softmax_scale"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("workspace").none() = nb::none(), nb::arg("error_buffer").none() = nb::none(),
+        nb::arg("stream") = 0);
+  m.def("cache_append", &cache_append, nb::arg("kv"), nb::arg("kv_cache"), nb::arg("kv_format"),
+        nb::arg("slot_mapping"), nb::arg("error_buffer").none() = nb::none(),
+        nb::arg("stream") = 0);
+  m.def("describe", &kf::py::describe, nb::arg("array"),
+        "The DLTensor the binding builds for an array: what the C API sees.");
+
+  m.attr("KV_BF16") = int(KF_KV_BF16);
+  m.attr("KV_FP16") = int(KF_KV_FP16);
+  m.attr("KV_FP8_E4M3") = int(KF_KV_FP8_E4M3);
+  m.attr("KV_INT8") = int(KF_KV_INT8);
+  m.attr("HEAD_DIM") = KF_MLA_HEAD_DIM;
+  m.attr("LATENT_DIM") = KF_MLA_LATENT_DIM;
+  m.attr("ROPE_DIM") = KF_MLA_ROPE_DIM;
+  m.attr("MAX_HEADS") = KF_MLA_MAX_HEADS;
+  m.attr("MAX_SQ") = KF_MLA_MAX_SQ;
+  m.attr("BYTES_PER_TOKEN_8BIT") = KF_BYTES_PER_TOKEN_8BIT;
+  m.attr("ERROR_BUFFER_LEN") = KF_ERROR_BUFFER_LEN;
+  m.attr("DEVERR_SEQLEN_RANGE") = KF_DEVERR_SEQLEN_RANGE;
+  m.attr("DEVERR_PAGE_RANGE") = KF_DEVERR_PAGE_RANGE;
+  m.attr("DEVERR_METADATA") = KF_DEVERR_METADATA;
+  m.attr("DEVERR_SLOT_RANGE") = KF_DEVERR_SLOT_RANGE;
+}

@@ -1,0 +1,32 @@
+// Python array -> DLTensor for the C API. Any framework's array comes in through nanobind's
+// nb::ndarray (DLPack capsule, __dlpack__ or the buffer protocol); the DLTensor points into the
+// nb::ndarray's own shape and strides, so a Tensor must outlive the C call that reads it.
+#pragma once
+
+#include <dlpack/dlpack.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+namespace kf::py {
+
+namespace nb = nanobind;
+
+struct Tensor {
+  nb::ndarray<nb::ro> readonly;  // keeps an input's buffer alive
+  nb::ndarray<> writable;        // keeps an output's buffer alive
+  DLTensor dl{};
+  bool present = false;
+
+  const DLTensor* in() const { return present ? &dl : nullptr; }
+  DLTensor* out() { return present ? &dl : nullptr; }
+};
+
+// `name` is the argument's name, used in the TypeError raised for something that is no array
+// (or, with `writable`, a read-only one). `optional` lets None through as an absent tensor.
+Tensor as_input(nb::handle obj, const char* name, bool optional = false);
+Tensor as_output(nb::handle obj, const char* name, bool optional = false);
+
+// What the C API would see for `obj`: device, dtype, shape, strides (elements), data pointer.
+nb::dict describe(nb::handle obj);
+
+}  // namespace kf::py

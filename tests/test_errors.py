@@ -1,0 +1,214 @@
+"""Bad arguments raise ValueError / TypeError whose message names the argument; nothing runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelflow as kf
+from mla_ref import HEAD, LATENT, make_case
+
+
+@pytest.fixture
+def case(rng):
+    return make_case(rng, [100, 30], 16, 1, 16, np.float16)
+
+
+def call(case, **override):
+    args = dict(q=case.q, kv_cache=case.cache, block_table=case.block_table,
+                cache_seqlens=case.seqlens, metadata=None, softmax_scale=case.scale)
+    args.update(override)
+    if args["metadata"] is None:
+        args["metadata"] = kf.get_mla_metadata(case.seqlens, case.h_q, case.s_q, num_workers=4)
+    return kf.mla_decode(**args)
+
+
+def test_valid_call_passes(case):
+    out, lse = call(case)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name,make,match", [
+    ("q", lambda c: c.q.astype(np.float32), "q"),
+    ("q", lambda c: c.q[..., :575], "q"),
+    ("q", lambda c: c.q[:, :, :, None, :], "q"),
+    ("q", lambda c: np.zeros((2, 1, 129, HEAD), np.float16), "h_q|q"),
+    ("q", lambda c: np.zeros((2, 17, 16, HEAD), np.float16), "s_q|q"),
+    ("q", lambda c: np.asfortranarray(c.q), "q"),
+    ("q", lambda c: c.q[:, :, ::-1], "q"),  # negative strides
+    ("kv_cache", lambda c: c.cache[..., :575], "kv_cache"),
+    ("kv_cache", lambda c: np.zeros((4, 48, HEAD), np.float16), "page|kv_cache"),
+    ("block_table", lambda c: c.block_table.astype(np.int64), "block_table"),
+    ("block_table", lambda c: c.block_table[:1], "block_table"),
+    ("block_table", lambda c: c.block_table[:, 0], "block_table"),
+    ("cache_seqlens", lambda c: c.seqlens.astype(np.int64), "cache_seqlens"),
+    ("cache_seqlens", lambda c: np.array([100, 30, 5], np.int32), "cache_seqlens"),
+    ("metadata", lambda c: np.zeros(7, np.int32), "metadata"),
+    ("metadata", lambda c: kf.get_mla_metadata(c.seqlens, 16, 1, num_workers=4)
+     .astype(np.int64), "metadata"),
+])
+def test_bad_tensor_raises_value_error(case, name, make, match):
+    with pytest.raises(ValueError, match=match):
+        call(case, **{name: make(case)})
+
+
+def test_cache_dtype_must_match_q(case):
+    with pytest.raises(ValueError, match="kv_cache|q"):
+        call(case, kv_cache=case.cache.astype(np.float32))
+    with pytest.raises(ValueError, match="kv_format"):
+        call(case, kv_format="bf16")  # fp16 cache declared bf16
+
+
+@pytest.mark.parametrize("name,make,match", [
+    ("out", lambda c: np.zeros((2, 1, 16, LATENT + 1), np.float16), "out"),
+    ("out", lambda c: np.zeros((2, 1, 16, LATENT), np.float32), "out"),
+    ("out", lambda c: np.zeros((3, 1, 16, LATENT), np.float16), "out"),
+    ("lse", lambda c: np.zeros((2, 16, 1), np.float16), "lse"),
+    ("lse", lambda c: np.zeros((2, 1, 16), np.float32), "lse"),
+    ("workspace", lambda c: np.zeros(64, np.uint8), "workspace"),
+])
+def test_bad_output_raises_value_error(case, name, make, match):
+    with pytest.raises(ValueError, match=match):
+        call(case, **{name: make(case)})
+
+
+def test_wrong_metadata_size_is_named(case):
+    meta = kf.get_mla_metadata(case.seqlens, 16, 1, num_workers=4)
+    with pytest.raises(ValueError, match="metadata"):
+        call(case, metadata=meta[:-1])
+    # The C API's own checks, with a workspace given so Python does not look at the size: a
+    # length that fits no worker count, and one that fits 5 workers for metadata made for 4.
+    ws = kf.new_workspace(case.q, kf.get_mla_metadata(case.seqlens, 16, 1, num_workers=5))
+    with pytest.raises(ValueError, match="metadata"):
+        call(case, metadata=meta[:-1], workspace=ws)
+    with pytest.raises(ValueError, match="metadata"):
+        call(case, metadata=np.concatenate([meta, np.zeros(8, np.int32)]), workspace=ws)
+
+
+def test_metadata_for_other_shape_is_caught(case):
+    """Metadata made for another h_q: the CPU backend reads its header and refuses."""
+    meta = kf.get_mla_metadata(case.seqlens, 32, 1, num_workers=4)
+    with pytest.raises(ValueError, match="metadata"):
+        call(case, metadata=meta)
+    stale = kf.get_mla_metadata(case.seqlens + 64, 16, 1, num_workers=4)
+    with pytest.raises(ValueError, match="metadata"):
+        call(case, metadata=stale)
+
+
+def test_bad_contents_on_cpu(case):
+    """The CPU backend checks contents before running: lengths past the block table, pages
+    outside the cache, negative lengths."""
+    too_long = case.seqlens.copy()
+    too_long[1] = case.block_table.shape[1] * 16 + 1
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        call(case, cache_seqlens=too_long,
+             metadata=kf.get_mla_metadata(too_long, 16, 1, num_workers=4))
+    bad_table = case.block_table.copy()
+    bad_table[0, 0] = case.cache.shape[0]
+    with pytest.raises(ValueError, match="block_table"):
+        call(case, block_table=bad_table)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        kf.get_mla_metadata(np.array([5, -1], np.int32), 16)
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (None, TypeError, "softmax_scale"),
+    ("0.1", TypeError, "softmax_scale"),
+    (True, TypeError, "softmax_scale"),
+])
+def test_softmax_scale_type(case, bad, exc, match):
+    with pytest.raises(exc, match=match):
+        call(case, softmax_scale=bad)
+
+
+def test_softmax_scale_has_no_default(case):
+    meta = kf.get_mla_metadata(case.seqlens, 16)
+    with pytest.raises(TypeError, match="softmax_scale"):
+        kf.mla_decode(case.q, case.cache, case.block_table, case.seqlens, meta)
+
+
+def test_kv_format_errors(case):
+    with pytest.raises(ValueError, match="kv_format"):
+        call(case, kv_format="fp32")
+    with pytest.raises(TypeError, match="kv_format"):
+        call(case, kv_format=1)
+    u8 = np.zeros((4, 16, 644), np.uint8)
+    with pytest.raises(ValueError, match="kv_format"):
+        call(case, kv_cache=u8)
+    with pytest.raises(ValueError, match="kv_format"):
+        kf.cache_bytes_per_page("e5m2", 64)
+    with pytest.raises(ValueError, match="page"):
+        kf.cache_bytes_per_page("int8", 8)  # 8-bit pages are multiples of 16
+    with pytest.raises(ValueError, match="page"):
+        kf.cache_bytes_per_page("bf16", 48)
+
+
+@pytest.mark.parametrize("name", ["q", "kv_cache", "block_table", "cache_seqlens", "metadata",
+                                  "out", "lse", "workspace", "error_buffer"])
+def test_non_arrays_raise_type_error(case, name):
+    with pytest.raises(TypeError, match=name):
+        call(case, **{name: [[1, 2], [3, 4]]})
+
+
+def test_read_only_output_raises(case):
+    out = np.zeros((2, 1, 16, LATENT), np.float16)
+    out.flags.writeable = False
+    with pytest.raises(TypeError, match="out"):
+        call(case, out=out)
+
+
+def test_scalar_types(case):
+    with pytest.raises(TypeError, match="num_heads_q"):
+        kf.get_mla_metadata(case.seqlens, 16.0)
+    with pytest.raises(TypeError, match="num_workers"):
+        kf.get_mla_metadata(case.seqlens, 16, num_workers=2.5)
+    with pytest.raises(ValueError, match="num_workers"):
+        kf.get_mla_metadata(case.seqlens, 16, num_workers=0)
+    with pytest.raises(ValueError, match="h_q|num_heads_q"):
+        kf.get_mla_metadata(case.seqlens, 0)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        kf.get_mla_metadata(case.seqlens[None, :], 16)
+    with pytest.raises(TypeError, match="stream"):
+        call(case, stream="default")
+    with pytest.raises(ValueError, match="device"):
+        kf.default_num_workers("tpu", 16)
+
+
+def test_cache_append_errors(rng):
+    cache = np.zeros((4, 16, HEAD), np.float16)
+    kv = rng.standard_normal((3, HEAD)).astype(np.float16)
+    slots = np.array([0, 1, 2], np.int64)
+    kf.cache_append(kv, cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        kf.cache_append(kv, cache, slots.astype(np.int32))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        kf.cache_append(kv, cache, slots[:2])
+    with pytest.raises(ValueError, match="kv"):
+        kf.cache_append(kv[:, :575], cache, slots)
+    with pytest.raises(ValueError, match="kv"):
+        kf.cache_append(kv.astype(np.float32), cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        kf.cache_append(kv, cache, np.array([0, 64, 1], np.int64))  # 64 slots in the cache
+    with pytest.raises(TypeError, match="kv_cache"):
+        kf.cache_append(kv, "cache", slots)
+    with pytest.raises(TypeError, match="slot_mapping"):
+        kf.cache_append(kv, cache, [0, 1, 2])
+    ro = cache.copy()
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="kv_cache"):
+        kf.cache_append(kv, ro, slots)
+
+
+def test_errors_do_not_write_outputs(case):
+    out = np.full((2, 1, 16, LATENT), 3.0, np.float16)
+    with pytest.raises(ValueError):
+        call(case, out=out, block_table=case.block_table.astype(np.int64))
+    assert (out == 3.0).all()
+
+
+def test_last_error_is_cleared_by_success(case):
+    with pytest.raises(ValueError):
+        call(case, q=case.q.astype(np.float32))
+    assert "q" in kf._C.last_error()
+    call(case)
+    assert kf._C.last_error() == ""

@@ -1,0 +1,158 @@
+"""The split scheduler, seen through the metadata it writes (layout of src/core/scheduler.h):
+every KV tile is covered exactly once, pieces are numbered per request in KV order, each
+worker's cost stays within the bound, and the same lengths give the same bytes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernelflow as kf
+
+HEADER, WORKER_LEN, BLOCK_N, FIXED_COST = 16, 8, 64, 5
+MAGIC, VERSION = 0x4B464D44, 1
+
+
+def tiles(n):
+    return 0 if n <= 0 else math.ceil(n / BLOCK_N)
+
+
+def decode_metadata(meta, seqlens):
+    """-> header dict, piece_offset, and per worker the pieces (req, begin, end, piece)."""
+    meta = np.asarray(meta).astype(np.int64)
+    header = dict(magic=meta[0], version=meta[1], batch=meta[2], h_q=meta[3], s_q=meta[4],
+                  workers=meta[5], block_n=meta[6], total=meta[7])
+    batch, workers = int(meta[2]), int(meta[5])
+    w = meta[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
+    piece_offset = meta[HEADER + workers * WORKER_LEN : HEADER + workers * WORKER_LEN + batch + 1]
+    pieces = []
+    for k in range(workers):
+        sr, stile, er, etile, first = (int(v) for v in w[k, :5])
+        mine = []
+        if (sr, stile) != (er, etile):
+            piece = first
+            r = sr
+            while r < batch and (r < er or (r == er and etile > 0)):
+                n = int(seqlens[r])
+                lo = stile if r == sr else 0
+                hi = etile if r == er else tiles(n)
+                if r != sr:
+                    piece = int(piece_offset[r])
+                mine.append((r, lo * BLOCK_N, min(hi * BLOCK_N, n), piece))
+                r += 1
+        pieces.append(mine)
+    return header, piece_offset, pieces
+
+
+def check_schedule(meta, seqlens, h_q, s_q, workers):
+    seqlens = [int(n) for n in seqlens]
+    batch = len(seqlens)
+    assert len(meta) == kf.metadata_size(batch, workers)
+    header, piece_offset, pieces = decode_metadata(meta, seqlens)
+    assert (header["magic"], header["version"]) == (MAGIC, VERSION)
+    assert (header["batch"], header["h_q"], header["s_q"]) == (batch, h_q, s_q)
+    assert (header["workers"], header["block_n"]) == (workers, BLOCK_N)
+    total = int(header["total"])
+    m = np.asarray(meta).astype(np.int64)
+    assert not m[8:HEADER].any(), "reserved header words are zero"
+    w = m[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
+    assert not w[:, 5:].any(), "reserved worker words are zero"
+    assert tuple(w[0, :2]) == (0, 0) and tuple(w[-1, 2:4]) == (batch, 0)
+    assert np.array_equal(w[1:, 0:2], w[:-1, 2:4]), "each worker starts where the last ended"
+    assert piece_offset[0] == 0 and piece_offset[batch] == total
+    assert np.all(np.diff(piece_offset) >= 1), "every request has at least one piece"
+    assert total <= batch + workers, "at most one extra piece per cut"
+
+    # Coverage: each request's pieces, in piece order, tile [0, len) without gap or overlap.
+    by_request = {r: [] for r in range(batch)}
+    for mine in pieces:
+        for r, lo, hi, piece in mine:
+            by_request[r].append((piece, lo, hi))
+    seen_pieces = sorted(p for r in by_request for p, _, _ in by_request[r])
+    assert seen_pieces == list(range(total)), "each piece index used exactly once"
+    for r, plist in by_request.items():
+        plist.sort()
+        assert [p for p, _, _ in plist] == list(range(piece_offset[r], piece_offset[r + 1]))
+        pos = 0
+        for _, lo, hi in plist:
+            assert lo == pos and (hi > lo or seqlens[r] == 0), f"request {r}: {plist}"
+            assert lo % BLOCK_N == 0
+            pos = hi
+        assert pos == seqlens[r], f"request {r} covered up to {pos} of {seqlens[r]}"
+
+    # Workers in order: each starts where the previous ended (lexicographic (req, tile)).
+    flat = [(r, lo) for mine in pieces for r, lo, _, _ in mine]
+    assert flat == sorted(flat)
+
+    # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W) + one fixed cost.
+    line = sum(tiles(n) + FIXED_COST for n in seqlens)
+    bound = math.ceil(line / workers) + FIXED_COST
+    for k, mine in enumerate(pieces):
+        cost = sum(tiles(hi - lo) + FIXED_COST for _, lo, hi, _ in mine)
+        assert cost <= bound, f"worker {k}: cost {cost} > bound {bound}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seqlens=st.lists(st.one_of(st.integers(0, 300), st.integers(0, 70000)), min_size=1,
+                     max_size=40),
+    workers=st.integers(1, 160),
+    h_q=st.integers(1, 128),
+    s_q=st.integers(1, 16),
+)
+def test_schedule_properties(seqlens, workers, h_q, s_q):
+    sl = np.array(seqlens, np.int32)
+    meta = kf.get_mla_metadata(sl, h_q, s_q, num_workers=workers)
+    assert meta.dtype == np.int32
+    check_schedule(meta, seqlens, h_q, s_q, workers)
+    again = kf.get_mla_metadata(sl.copy(), h_q, s_q, num_workers=workers)
+    assert np.array_equal(meta, again), "same lengths, same metadata"
+
+
+def test_default_workers_and_size():
+    sl = np.array([10, 20000, 0], np.int32)
+    workers = kf.default_num_workers("cpu", 16, 1)
+    assert workers >= 1
+    assert kf.default_num_workers(-1, 16, 1) == workers
+    assert kf.default_num_workers(sl, 16, 1) == workers
+    meta = kf.get_mla_metadata(sl, 16)
+    assert meta.shape == (kf.metadata_size(3, workers),)
+    check_schedule(meta, sl, 16, 1, workers)
+
+
+def test_balanced_split_of_one_long_request():
+    """One 64k-token request over 32 workers: every worker gets a share."""
+    meta = kf.get_mla_metadata(np.array([65536], np.int32), 16, 1, num_workers=32)
+    _, piece_offset, pieces = decode_metadata(meta, [65536])
+    assert piece_offset[1] == 32
+    sizes = [hi - lo for mine in pieces for _, lo, hi, _ in mine]
+    assert len(sizes) == 32 and max(sizes) - min(sizes) <= 6 * BLOCK_N
+
+
+def test_metadata_is_written_entirely():
+    sl = np.array([100, 5], np.int32)
+    meta = kf.get_mla_metadata(sl, 16, num_workers=4)
+    fresh = np.full_like(meta, -7)
+    assert kf.get_mla_metadata(sl, 16, out=fresh) is fresh  # worker count from out's length
+    assert np.array_equal(meta, fresh)
+    with pytest.raises(ValueError, match="out"):
+        kf.get_mla_metadata(sl, 16, out=fresh[:-1])
+
+
+def test_workspace_size_grows_with_work():
+    small = kf.workspace_size(1, 16, 1, 4)
+    assert kf.workspace_size(8, 16, 1, 4) > small
+    assert kf.workspace_size(1, 128, 1, 4) > small
+    assert kf.workspace_size(1, 16, 1, 64) > small
+    assert kf.workspace_size(4, 16, 2, 8) % 256 == 0
+
+
+@pytest.mark.parametrize("fmt,per_token", [("bf16", 1152), ("fp16", 1152), ("int8", 644),
+                                           ("fp8_e4m3", 644)])
+def test_cache_sizes(fmt, per_token):
+    assert kf.cache_bytes_per_token(fmt) == per_token
+    assert kf.cache_bytes_per_page(fmt, 64) == 64 * per_token
