@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -162,10 +163,11 @@ int main() {
   Problem p = make_problem();
   int failures = 0;
 
-  std::vector<std::vector<char>> host_buffers;
+  // 256-byte aligned, as the C API asks of a workspace (and as cudaMalloc gives on the GPU).
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> host_buffers;
   auto host_alloc = [&](size_t n) {
-    host_buffers.emplace_back(n);
-    return static_cast<void*>(host_buffers.back().data());
+    host_buffers.emplace_back(std::aligned_alloc(256, (n + 255) / 256 * 256), &std::free);
+    return host_buffers.back().get();
   };
   auto host_put = [&](const void* src, size_t n) {
     void* d = host_alloc(n);
