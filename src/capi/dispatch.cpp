@@ -147,9 +147,8 @@ kf_status cuda_default_num_workers(int device_id, int num_rows, int* num_workers
   int sms = 0;
   const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id);
   if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
-  const int tiles = kf::cuda::mla_row_tiles(num_rows);
-  const int n = tiles > 0 ? sms / tiles : sms;
-  *num_workers = n < 1 ? 1 : n;
+  // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
+  *num_workers = kf::cuda::mla_default_num_workers(device_id, num_rows);
   return KF_SUCCESS;
 }
 

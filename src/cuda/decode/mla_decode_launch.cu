@@ -1,0 +1,67 @@
+// launch_mla_decode: pick the configuration by the number of query rows, run the decode kernel
+// over (num_workers x row tiles) blocks, then the combine for split requests, on one stream.
+#include <cstdint>
+
+#include "cuda/combine/mla_combine.h"
+#include "cuda/decode/sm80/mla_decode_sm80.h"
+#include "cuda/launch.h"
+
+namespace kf::cuda {
+namespace {
+
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+template <typename T>
+cudaError_t run_decode(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (p.num_rows <= MlaTraitsM16::kBlockM) return run_mla_decode_sm80<MlaTraitsM16, T>(p, stream);
+  if (p.num_rows <= MlaTraitsM32::kBlockM) return run_mla_decode_sm80<MlaTraitsM32, T>(p, stream);
+  return run_mla_decode_sm80<MlaTraitsM64, T>(p, stream);
+}
+
+}  // namespace
+
+int mla_row_tiles(int num_rows) {
+  if (num_rows <= MlaTraitsM32::kBlockM) return 1;
+  return ceil_div(num_rows, MlaTraitsM64::kBlockM);
+}
+
+int mla_default_num_workers(int device, int num_rows) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  int per_sm = 1;
+  if (num_rows <= MlaTraitsM16::kBlockM)
+    per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM16, __nv_bfloat16>(device);
+  else if (num_rows <= MlaTraitsM32::kBlockM)
+    per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device);
+  else
+    per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM64, __nv_bfloat16>(device);
+  const int w = sms * per_sm / mla_row_tiles(num_rows);
+  return w < 1 ? 1 : w;
+}
+
+cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (is_8bit(p.kv_format)) return cudaErrorNotSupported;  // 8-bit formats: a later issue
+  const bool fmt_ok = (p.dtype == DType::kBF16 && p.kv_format == KvFormat::kBF16) ||
+                      (p.dtype == DType::kFP16 && p.kv_format == KvFormat::kFP16);
+  // What the kernels' vector accesses need (the C API guarantees it; checked again here because
+  // a violation would be a misaligned access, not a wrong result).
+  const bool layout_ok =
+      fmt_ok && p.h_q >= 1 && p.h_q <= kMaxHeads && p.s_q >= 1 && p.s_q <= kMaxSq &&
+      p.num_rows == p.s_q * p.h_q && p.num_workers >= 1 && p.page_size == (1 << p.page_shift) &&
+      p.num_pages >= 1 && aligned(p.kv, 16) && p.kv_page_stride % 8 == 0 &&
+      p.kv_token_stride % 8 == 0 && aligned(p.q, 4) && p.q_batch_stride % 2 == 0 &&
+      p.q_seq_stride % 2 == 0 && p.q_head_stride % 2 == 0 && aligned(p.out, 4) &&
+      p.o_batch_stride % 2 == 0 && p.o_seq_stride % 2 == 0 && p.o_head_stride % 2 == 0 &&
+      aligned(p.o_accum, 16);
+  if (!layout_ok) return cudaErrorInvalidValue;
+  if (p.batch == 0) return cudaSuccess;
+  const cudaError_t err = p.dtype == DType::kBF16 ? run_decode<__nv_bfloat16>(p, stream)
+                                                  : run_decode<__half>(p, stream);
+  if (err != cudaSuccess) return err;
+  return launch_mla_combine(p, stream);
+}
+
+}  // namespace kf::cuda
