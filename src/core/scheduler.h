@@ -83,13 +83,22 @@ KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, i
   int32_t* w0 = meta_worker(meta, 0);
   w0[kWStartReq] = 0;
   w0[kWStartTile] = 0;
+  // c = floor(w * total / num_workers), stepped without a 64-bit division per worker (slow on
+  // a GPU): w * total = w * step * W + w * rem, and frac carries w * rem modulo W.
+  const int64_t step = total / num_workers, rem = total % num_workers;
+  int64_t c = 0, frac = 0;
   for (int w = 1; w <= num_workers; ++w) {
     int req, tile;
+    c += step;
+    frac += rem;
+    if (frac >= num_workers) {
+      frac -= num_workers;
+      c += 1;
+    }
     if (w == num_workers) {
       req = batch;
       tile = 0;
     } else {
-      int64_t c = int64_t(w) * total / num_workers;
       while (r < batch && seg_start + sched_tiles(seqlens[r]) + kFixedCost <= c) {
         seg_start += sched_tiles(seqlens[r]) + kFixedCost;
         ++r;

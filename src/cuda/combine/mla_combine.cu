@@ -82,16 +82,19 @@ __global__ void __launch_bounds__(kThreads)
     for (int j0 = 0; j0 < m; j0 += kUnroll) {
       float w[kUnroll];
       float4 o[kUnroll];
-      // All kUnroll loads are issued before the first use. Past the chunk's end the last piece
-      // is read again with weight 0 (every piece's o_accum is written, zeros for an empty one).
+      // All kUnroll loads are issued before the first use. Past the chunk's end the slots are
+      // zeros with weight 0 and nothing is loaded (a request of 2 pieces reads 2 rows, not 16).
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int j = j0 + u < m ? j0 + u : m - 1;
-        w[u] = j0 + u < m ? w_s[j] : 0.f;
-        const float4* src = o_base + (k0 + j) * piece_stride;
-        asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=f"(o[u].x), "=f"(o[u].y), "=f"(o[u].z), "=f"(o[u].w)
-                     : "l"(src));
+        w[u] = 0.f;
+        o[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (j0 + u < m) {
+          w[u] = w_s[j0 + u];
+          const float4* src = o_base + (k0 + j0 + u) * piece_stride;
+          asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+                       : "=f"(o[u].x), "=f"(o[u].y), "=f"(o[u].z), "=f"(o[u].w)
+                       : "l"(src));
+        }
       }
       // A fixed pairwise tree over the kUnroll products: deterministic, and no product waits
       // for the previous one, so all kUnroll loads go out before the first use.
