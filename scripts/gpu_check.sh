@@ -36,7 +36,8 @@ if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
 fi
 
 if [[ " $modes " == *" bench "* || " $modes " == *" all "* ]]; then
-  python3 bench/bench_decode.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -60
+  # BENCH_ARGS narrows the grid (default: the full grid of the issue).
+  python3 bench/bench_decode.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -60
   note "bench: see table above ($(( $(date +%s) - t0 )) s)"
 fi
 
