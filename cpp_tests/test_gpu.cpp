@@ -388,7 +388,9 @@ TEST(GpuDevice, DefaultWorkersFromSmCount) {
     EXPECT_GE(w, 1);
     int sms = 0;
     CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    EXPECT_LE(w, sms);
+    // At most two decode blocks per SM fit (shared memory), spread over the row tiles.
+    EXPECT_LE(w, 2 * sms);
+    EXPECT_GE(w, sms / 8);  // 128 rows: at most 8 row tiles
   }
   int w = 0;
   EXPECT_EQ(kf_mla_default_num_workers(kf_cuda_device_count(), 16, 1, &w), KF_ERROR_INVALID_ARGUMENT);

@@ -63,7 +63,10 @@ KF_HD const int32_t* meta_piece_offset(const int32_t* meta, int num_workers) {
 KF_HD int64_t max_pieces(int batch, int num_workers) { return int64_t(batch) + num_workers; }
 
 // Tiles of a request; the caller clamps the length to what the block table can address.
-KF_HD int sched_tiles(int seqlen) { return seqlen <= 0 ? 0 : ceil_div(seqlen, kSchedBlockN); }
+// In 64 bits: a length near INT32_MAX (a bad device-side value) must not wrap.
+KF_HD int sched_tiles(int seqlen) {
+  return seqlen <= 0 ? 0 : int((int64_t(seqlen) + kSchedBlockN - 1) / kSchedBlockN);
+}
 
 // Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
 // does not see the block table; decode clamps each piece to what the block table addresses). Sequential, O(batch +
@@ -186,7 +189,7 @@ KF_HD void for_each_piece(const int32_t* meta, int w, SeqlenFn seqlen_of, F&& f)
     Piece p;
     p.req = r;
     p.token_begin = lo * kSchedBlockN;
-    p.token_end = hi * kSchedBlockN < len ? hi * kSchedBlockN : len;
+    p.token_end = int64_t(hi) * kSchedBlockN < len ? hi * kSchedBlockN : len;
     p.piece = piece;
     p.only_piece = piece_offset[r + 1] - piece_offset[r] == 1;
     f(p);
