@@ -106,8 +106,8 @@ for tool in $tools; do
   lines+=("$line")
   # Show what went wrong right away: the first sanitizer reports and the failed tests.
   if [ "${errors:-1}" != 0 ]; then grep -m12 -E '^========= (Invalid|Race|Uninitialized|Barrier|Error|Program hit)' "$log"; fi
-  grep -E '^\[  FAILED  \] [^0-9]' "$log" | sort -u | head -20
-  grep -E '^\[  SKIPPED \] [^0-9]' "$log" | sort -u | head -10
+  grep -E '^\[  FAILED  \] [^0-9]' "$log" | grep -vE '\([0-9]+ ms\)$' | sort -u | head -20
+  grep -E '^\[  SKIPPED \] [^0-9]' "$log" | grep -vE '\([0-9]+ ms\)$' | sort -u | head -10
 done
 
 echo

@@ -126,15 +126,24 @@ kf_status check_dim_range(const DLTensor* t, const char* name, int axis, int64_t
               name, axis, what, lo, hi, t->shape[axis], shape_string(t).c_str());
 }
 
+// A tensor with no element has no layout to check (NumPy 2 exports strides 0 for one).
+static bool has_no_elements(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i)
+    if (t->shape[i] == 0) return true;
+  return false;
+}
+
 kf_status check_last_contiguous(const DLTensor* t, const char* name) {
   const int last = t->ndim - 1;
-  if (last < 0 || t->shape[last] <= 1 || raw_stride(t, last) == 1) return KF_SUCCESS;
+  if (last < 0 || has_no_elements(t) || t->shape[last] <= 1 || raw_stride(t, last) == 1)
+    return KF_SUCCESS;
   return fail(KF_ERROR_INVALID_ARGUMENT,
               "%s: expected the last dimension contiguous (stride 1), got stride %" PRId64, name,
               raw_stride(t, last));
 }
 
 kf_status check_compact(const DLTensor* t, const char* name) {
+  if (has_no_elements(t)) return KF_SUCCESS;
   int64_t want = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
     if (t->shape[i] != 1 && raw_stride(t, i) != want)
@@ -149,13 +158,15 @@ kf_status check_compact(const DLTensor* t, const char* name) {
 
 kf_status check_stride_multiple(const DLTensor* t, const char* name, int axis, int64_t multiple,
                                 const char* why) {
-  if (t->shape[axis] <= 1 || raw_stride(t, axis) % multiple == 0) return KF_SUCCESS;
+  if (t->shape[axis] <= 1 || has_no_elements(t) || raw_stride(t, axis) % multiple == 0)
+    return KF_SUCCESS;
   return fail(KF_ERROR_INVALID_ARGUMENT,
               "%s: expected stride[%d] a multiple of %" PRId64 " elements (%s), got %" PRId64, name,
               axis, multiple, why, raw_stride(t, axis));
 }
 
 kf_status check_no_overlap(const DLTensor* t, const char* name) {
+  if (has_no_elements(t)) return KF_SUCCESS;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that step
   for (int i = 0; i < t->ndim; ++i)
     if (t->shape[i] > 1) dims.emplace_back(raw_stride(t, i), t->shape[i]);
