@@ -1,0 +1,85 @@
+// Plain parameter structs, one per kernel family, as FlashAttention and FlashInfer do: pointers,
+// strides in elements (int64) and scalars. Filled by src/capi after validation; read by the CPU
+// backend and the CUDA launchers. Nothing here knows about DLPack or any framework.
+#pragma once
+
+#include <cstdint>
+
+#include "core/mla_shape.h"
+#include "core/scheduler.h"
+
+namespace kf {
+
+// Query row i of a request is (s, h) = (i / h_q, i % h_q): rows are ordered as q's memory is.
+struct MlaDecodeParams {
+  DType dtype;        // of q, out (and of a 16-bit cache)
+  KvFormat kv_format;
+  int batch, s_q, h_q;
+  int num_rows;       // s_q * h_q
+  int page_size;      // power of two
+  int page_shift;     // log2(page_size)
+  int num_pages;      // pages in kv_cache: the bounds guard for block_table values
+  int max_pages_per_seq;
+  float softmax_scale;
+
+  const void* q;  // [b, s_q, h_q, 576]
+  int64_t q_batch_stride, q_seq_stride, q_head_stride;
+
+  // 16-bit: elements of the dtype, a row is 576 contiguous values.
+  // 8-bit: bytes; a page is compact (page_stride >= page_size * 644), token_stride unused.
+  const void* kv;
+  int64_t kv_page_stride, kv_token_stride;
+
+  const int32_t* block_table;  // [b, max_pages_per_seq]
+  int64_t block_table_batch_stride;
+  const int32_t* cache_seqlens;  // [b]
+  const int32_t* metadata;       // see core/scheduler.h
+  int num_workers;
+
+  void* out;  // [b, s_q, h_q, 512]
+  int64_t o_batch_stride, o_seq_stride, o_head_stride;
+  float* lse;  // [b, h_q, s_q], compact
+
+  // Split partials, [max_pieces, num_rows, 512] and [max_pieces, num_rows] fp32 (workspace).
+  float* o_accum;
+  float* lse_accum;
+
+  int32_t* error_buffer;  // nullable, int32[4], see kernelflow.h
+};
+
+struct MlaMetadataParams {
+  const int32_t* cache_seqlens;  // [batch]
+  int batch, h_q, s_q, num_workers;
+  int32_t* metadata;
+  int32_t* error_buffer;  // nullable
+};
+
+struct CacheAppendParams {
+  DType dtype;  // of kv (and of a 16-bit cache)
+  KvFormat kv_format;
+  int num_tokens;
+  int page_size, page_shift, num_pages;
+  const void* kv;  // [n, 576]
+  int64_t kv_row_stride;
+  void* cache;
+  int64_t cache_page_stride, cache_token_stride;  // as in MlaDecodeParams
+  const int64_t* slot_mapping;  // [n], negative = skip
+  int32_t* error_buffer;        // nullable
+};
+
+// Workspace layout: o_accum then lse_accum, each 256-byte aligned. Sized for the most pieces a
+// batch can be split into, so one allocation serves every step of a captured graph.
+inline int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
+inline int64_t workspace_o_accum_bytes(int batch, int num_rows, int num_workers) {
+  return align256(max_pieces(batch, num_workers) * num_rows * kLatentDim * int64_t(sizeof(float)));
+}
+inline int64_t workspace_lse_accum_bytes(int batch, int num_rows, int num_workers) {
+  return align256(max_pieces(batch, num_workers) * num_rows * int64_t(sizeof(float)));
+}
+inline int64_t workspace_bytes(int batch, int num_rows, int num_workers) {
+  if (num_workers == 1) return 0;  // one worker never splits a request
+  return workspace_o_accum_bytes(batch, num_rows, num_workers) +
+         workspace_lse_accum_bytes(batch, num_rows, num_workers);
+}
+
+}  // namespace kf

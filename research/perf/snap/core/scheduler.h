@@ -1,0 +1,199 @@
+// The balanced split scheduler: host+device code shared by the CPU backend and the GPU metadata
+// kernel, so both produce the same metadata bytes for the same cache_seqlens.
+//
+// Model. Request r costs seg_len(r) = tiles(r) + kFixedCost units, tiles(r) = ceil(len / 64):
+// the fixed part stands for what a piece costs besides its KV tiles (loading q, the epilogue, a
+// combine input). Lay all requests on one line of T = sum seg_len units and cut it at
+// c_w = floor(w * T / W) for w = 1 .. W-1. A cut inside request r's fixed part moves back to the
+// request's start (the whole request goes to the later worker); a cut inside its tiles splits it
+// there. Worker w owns the line from its start to the next worker's start, so every tile is
+// covered exactly once, and its cost is at most ceil(T / W) + kFixedCost (the fixed cost of a
+// continued request, or a cut moved back by at most the fixed part), which is the bound the
+// tests check: the mean plus one tile of rounding plus the fixed cost of a piece.
+//
+// Metadata layout (int32):
+//   [0, kMetaHeaderLen)            header: magic, version, batch, h_q, s_q, num_workers,
+//                                  block_n, total_pieces, then zeros
+//   next num_workers * kMetaWorkerLen   per worker: start_req, start_tile, end_req, end_tile,
+//                                  first_piece, then zeros. The worker covers the (req, tile)
+//                                  points in [start, end) in lexicographic order; an empty
+//                                  request r owns the single point (r, 0).
+//   next batch + 1                 piece_offset: request r's pieces are
+//                                  piece_offset[r] .. piece_offset[r+1]-1, in KV order, so the
+//                                  combine merges them in a fixed order (bit-identical reruns).
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+#include "core/mla_shape.h"
+
+namespace kf {
+
+constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at multiples of it
+constexpr int kFixedCost = 5;     // a piece's fixed cost in tiles (as FlashMLA measured)
+constexpr int kMetaHeaderLen = 16;
+constexpr int kMetaWorkerLen = 8;
+constexpr int32_t kMetaMagic = 0x4B464D44;  // "KFMD"
+constexpr int32_t kMetaVersion = 1;
+
+enum MetaHeader {
+  kMetaMagicIdx = 0,
+  kMetaVersionIdx,
+  kMetaBatchIdx,
+  kMetaHqIdx,
+  kMetaSqIdx,
+  kMetaWorkersIdx,
+  kMetaBlockNIdx,
+  kMetaTotalPiecesIdx
+};
+enum MetaWorker { kWStartReq = 0, kWStartTile, kWEndReq, kWEndTile, kWFirstPiece };
+
+KF_HD int64_t metadata_size(int batch, int num_workers) {
+  return kMetaHeaderLen + int64_t(num_workers) * kMetaWorkerLen + batch + 1;
+}
+KF_HD int32_t* meta_worker(int32_t* meta, int w) { return meta + kMetaHeaderLen + w * kMetaWorkerLen; }
+KF_HD const int32_t* meta_worker(const int32_t* meta, int w) {
+  return meta + kMetaHeaderLen + w * kMetaWorkerLen;
+}
+KF_HD const int32_t* meta_piece_offset(const int32_t* meta, int num_workers) {
+  return meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
+}
+// Most pieces a batch can be split into: one per request plus one per cut.
+KF_HD int64_t max_pieces(int batch, int num_workers) { return int64_t(batch) + num_workers; }
+
+// Tiles of a request; the caller clamps the length to what the block table can address.
+// In 64 bits: a length near INT32_MAX (a bad device-side value) must not wrap.
+KF_HD int sched_tiles(int seqlen) {
+  return seqlen <= 0 ? 0 : int((int64_t(seqlen) + kSchedBlockN - 1) / kSchedBlockN);
+}
+
+// Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
+// does not see the block table; decode clamps each piece to what the block table addresses). Sequential, O(batch +
+// num_workers): the GPU runs it in one thread over shared memory (see cuda/sched/).
+KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, int num_workers,
+                          int32_t* meta) {
+  int64_t total = 0;
+  for (int r = 0; r < batch; ++r) total += sched_tiles(seqlens[r]) + kFixedCost;
+
+  int32_t* piece_offset = meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
+  for (int r = 0; r <= batch; ++r) piece_offset[r] = 0;  // used as split counts first
+
+  // Walk cuts and requests together. (prev_req, prev_tile) is the previous worker's start.
+  int r = 0;
+  int64_t seg_start = 0;
+  int prev_req = 0, prev_tile = 0;
+  int32_t* w0 = meta_worker(meta, 0);
+  w0[kWStartReq] = 0;
+  w0[kWStartTile] = 0;
+  // c = floor(w * total / num_workers), stepped without a 64-bit division per worker (slow on
+  // a GPU): w * total = w * step * W + w * rem, and frac carries w * rem modulo W.
+  const int64_t step = total / num_workers, rem = total % num_workers;
+  int64_t c = 0, frac = 0;
+  for (int w = 1; w <= num_workers; ++w) {
+    int req, tile;
+    c += step;
+    frac += rem;
+    if (frac >= num_workers) {
+      frac -= num_workers;
+      c += 1;
+    }
+    if (w == num_workers) {
+      req = batch;
+      tile = 0;
+    } else {
+      while (r < batch && seg_start + sched_tiles(seqlens[r]) + kFixedCost <= c) {
+        seg_start += sched_tiles(seqlens[r]) + kFixedCost;
+        ++r;
+      }
+      req = r;
+      int64_t o = c - seg_start;
+      tile = (r < batch && o > kFixedCost) ? int(o - kFixedCost) : 0;
+    }
+    // A distinct cut inside a request adds a piece to it.
+    if (tile > 0 && (req != prev_req || tile != prev_tile)) piece_offset[req] += 1;
+    int32_t* prev = meta_worker(meta, w - 1);
+    prev[kWEndReq] = req;
+    prev[kWEndTile] = tile;
+    if (w < num_workers) {
+      int32_t* cur = meta_worker(meta, w);
+      cur[kWStartReq] = req;
+      cur[kWStartTile] = tile;
+    }
+    prev_req = req;
+    prev_tile = tile;
+  }
+  // Split counts (1 + cuts) -> exclusive prefix.
+  int32_t acc = 0;
+  for (int q = 0; q < batch; ++q) {
+    int32_t n = 1 + piece_offset[q];
+    piece_offset[q] = acc;
+    acc += n;
+  }
+  piece_offset[batch] = acc;
+  // First piece of each worker: the worker that starts mid-request continues the piece after
+  // the previous one in that request; one that starts at a request's start opens its piece 0.
+  int run_req = -1, run_k = 0, last_tile = -1;
+  for (int w = 0; w < num_workers; ++w) {
+    int32_t* wk = meta_worker(meta, w);
+    int sr = wk[kWStartReq], st = wk[kWStartTile];
+    if (sr != run_req) {
+      run_req = sr;
+      run_k = 0;
+      last_tile = 0;
+    }
+    if (st > 0 && st != last_tile) {
+      ++run_k;
+      last_tile = st;
+    }
+    wk[kWFirstPiece] = (sr < batch ? piece_offset[sr] : acc) + run_k;
+    for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
+  }
+  meta[kMetaMagicIdx] = kMetaMagic;
+  meta[kMetaVersionIdx] = kMetaVersion;
+  meta[kMetaBatchIdx] = batch;
+  meta[kMetaHqIdx] = h_q;
+  meta[kMetaSqIdx] = s_q;
+  meta[kMetaWorkersIdx] = num_workers;
+  meta[kMetaBlockNIdx] = kSchedBlockN;
+  meta[kMetaTotalPiecesIdx] = acc;
+  for (int i = kMetaTotalPiecesIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
+}
+
+// One piece of work: request `req`, tokens [token_begin, token_end), split index `piece`
+// (global), and whether it is the request's only piece (then it writes the final output).
+struct Piece {
+  int req;
+  int token_begin, token_end;
+  int piece;
+  bool only_piece;
+};
+
+// Iterate the pieces of worker w: call f(Piece) for each, in order. seqlens are the clamped
+// lengths, clamped to >= 0 as for build_schedule.
+template <typename SeqlenFn, typename F>
+KF_HD void for_each_piece(const int32_t* meta, int w, SeqlenFn seqlen_of, F&& f) {
+  const int num_workers = meta[kMetaWorkersIdx];
+  const int batch = meta[kMetaBatchIdx];
+  const int32_t* wk = meta_worker(meta, w);
+  const int32_t* piece_offset = meta_piece_offset(meta, num_workers);
+  const int start_req = wk[kWStartReq], start_tile = wk[kWStartTile];
+  const int end_req = wk[kWEndReq], end_tile = wk[kWEndTile];
+  int piece = wk[kWFirstPiece];
+  if (start_req == end_req && start_tile == end_tile) return;  // an empty worker (repeated cut)
+  for (int r = start_req; r < batch && (r < end_req || (r == end_req && end_tile > 0)); ++r) {
+    const int len = seqlen_of(r);
+    const int lo = (r == start_req) ? start_tile : 0;
+    const int hi = (r == end_req) ? end_tile : sched_tiles(len);
+    if (r != start_req) piece = piece_offset[r];
+    Piece p;
+    p.req = r;
+    p.token_begin = lo * kSchedBlockN;
+    p.token_end = int64_t(hi) * kSchedBlockN < len ? hi * kSchedBlockN : len;
+    p.piece = piece;
+    p.only_piece = piece_offset[r + 1] - piece_offset[r] == 1;
+    f(p);
+  }
+}
+
+}  // namespace kf

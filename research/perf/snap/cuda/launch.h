@@ -1,0 +1,22 @@
+// Entry points of the CUDA backend, called by src/capi after validation. Each launches on the
+// given stream, allocates nothing and never synchronizes the host (graph-safe).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/params.h"
+
+namespace kf::cuda {
+
+// Query-row tiles (thread blocks along the row axis) the decode kernel uses for num_rows rows.
+int mla_row_tiles(int num_rows);
+// The default worker count on `device`: SMs x decode blocks resident per SM (2 on sm_90 for up
+// to 32 rows, 1 elsewhere), divided by mla_row_tiles(num_rows); at least 1.
+int mla_default_num_workers(int device, int num_rows);
+
+cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);
+// Decode (the pieces) then combine (split requests), on one stream.
+cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_cache_append(const CacheAppendParams& p, cudaStream_t stream);
+
+}  // namespace kf::cuda

@@ -1,0 +1,597 @@
+// MLA decode, the portable tensor-core kernel (sm_80/86/89/90). One block = (worker, row tile).
+//
+// What: for each piece (request, token range) of its worker, o = softmax(scale q k^T) v over the
+// piece's tokens for the tile's kBlockM query rows. A request's only piece writes out (q dtype)
+// and lse; other pieces write o_accum (normalized by their own sum) and lse_accum for the combine.
+//
+// Tiling (mla_decode_traits.h): per KV tile of kBlockN tokens,
+//   1. QK, split-K: warp (g, d) multiplies its rows' q[144 dims: the k16 steps d, d+4, ..., d+32]
+//      (A fragments held in registers for the whole piece) by the tile's K (ldmatrix) and stores
+//      partial scores. Interleaving the dim groups keeps each warp's swizzled addresses one base
+//      plus constants.
+//   2. softmax: each warp of the row group sums the 4 partials of kSoftRows rows in a fixed order,
+//      masks (causal limit, piece end, bad pages), runs the online softmax in fp32 (exp2 with
+//      scale*log2e folded in) and stores P (q dtype) and the rescale factor alpha per row.
+//   3. PV: warp (g, d) rescales O[its rows, 128 dims: 16-dim blocks d, d+4, ..., d+28] by alpha
+//      and adds P V, V being the first 512 dims of the same shared-memory tile (ldmatrix.trans).
+// Memory: a kStages-deep cp.async ring of KV tiles, zero-filled (src-size 0) past a piece's end
+// and on bad pages so no NaN in page padding reaches an mma; 16-byte chunks XOR-swizzled by the
+// token (a 1152-byte row stride would put the 8 rows of an ldmatrix in one bank group). The ring
+// runs across piece boundaries: a worker's next piece streams in while the current one finishes.
+// Shared memory: kStages * kBlockN * 1152 B of KV + 4 * kBlockM * kBlockN * 4 B of partial scores
+// + P, q_pe and row stats; every configuration fits sm_86's 101376 bytes (static_assert in the
+// traits): M16 100832 B, M32 89168 B, M64 85824 B. Registers (sm_86): 175 / 255 / 255, no spills.
+// Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, research/
+// run_decode_check.sh, log in research/h200-decode-check.log): h_q=16: 18.6 us at b=1, 3.18 TB/s
+// at b=64, 3.54 TB/s at b=128; h_q=128: 181-190 TFLOPS at b=64..128 (30% of mma.sync's 639).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/params.h"
+#include "core/scheduler.h"
+#include "cuda/common/device_error.cuh"
+#include "cuda/common/metadata_check.cuh"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/decode/sm80/mla_decode_traits.h"
+
+namespace kf::cuda::VNS {
+
+// A piece as a block runs it: the token range clamped to what the block table addresses.
+struct PieceRun {
+  int req, begin, end, seqlen;  // seqlen: the clamped length, for the causal limits
+  int piece;
+  int write;  // 0: o_accum/lse_accum, 1: out/lse (the request's only piece), 2: nothing
+  int pad0, pad1;
+};
+enum { kWriteAccum = 0, kWriteOut = 1, kWriteNone = 2 };
+
+// Column swizzles of the score and P buffers (bank-conflict-free fragment stores and ldmatrix).
+template <int kBlockN>
+__device__ __forceinline__ int score_swizzle(int row) {  // in floats
+  return kBlockN == 16 ? ((row >> 1) & 1) << 3 : (row & 3) << 3;
+}
+template <int kBlockN>
+__device__ __forceinline__ int p_swizzle(int row) {  // in 16-byte chunks
+  return kBlockN == 16 ? (row >> 2) & 1 : (row >> 1) & 3;
+}
+
+// Thread 0: the pieces [first, first + kMaxPieces) of worker w, clamped, into shared memory;
+// counts[0] = how many were stored, counts[1] = the worker's total.
+template <class Tr>
+__device__ void collect_pieces(const MlaDecodeParams& p, int w, int first, PieceRun* pieces,
+                               int* counts) {
+  const int32_t* wk = meta_worker(p.metadata, w);
+  const bool sane = wk[kWStartReq] >= 0 && wk[kWStartReq] <= p.batch && wk[kWEndReq] >= 0 &&
+                    wk[kWEndReq] <= p.batch && wk[kWStartTile] >= 0 &&
+                    wk[kWStartTile] < (1 << 24) && wk[kWEndTile] >= 0 &&
+                    wk[kWEndTile] < (1 << 24);
+  if (!sane) {
+    report_device_error(p.error_buffer, kDevErrMetadata, w, wk[kWStartReq]);
+    counts[0] = counts[1] = 0;
+    return;
+  }
+  const int64_t cap = int64_t(p.max_pages_per_seq) << p.page_shift;
+  const int64_t piece_cap = max_pieces(p.batch, p.num_workers);
+  const int32_t* seqlens = p.cache_seqlens;
+  int idx = 0, n = 0;
+  for_each_piece(
+      p.metadata, w, [&](int r) { return seqlens[r] < 0 ? 0 : seqlens[r]; },
+      [&](const Piece& pc) {
+        if (idx >= first && idx < first + Tr::kMaxPieces) {
+          const int len = seqlens[pc.req];
+          if (len < 0 || len > cap)
+            report_device_error(p.error_buffer, kDevErrSeqlenRange, pc.req, len);
+          const int clamped = len < 0 ? 0 : (len > cap ? int(cap) : len);
+          PieceRun e;
+          e.req = pc.req;
+          e.seqlen = clamped;
+          e.begin = pc.token_begin;
+          e.end = pc.token_end < clamped ? pc.token_end : clamped;
+          if (e.end < e.begin) e.end = e.begin;
+          e.piece = pc.piece;
+          e.write = pc.only_piece ? kWriteOut : kWriteAccum;
+          if (!pc.only_piece && (pc.piece < 0 || pc.piece >= piece_cap)) {
+            report_device_error(p.error_buffer, kDevErrMetadata, pc.req, pc.piece);
+            e.begin = e.end = 0;
+            e.write = kWriteNone;
+          }
+          e.pad0 = e.pad1 = 0;
+          pieces[n++] = e;
+        }
+        ++idx;
+      });
+  counts[0] = n;
+  counts[1] = idx;
+}
+
+// Metadata made for another call: every row of this block's share of requests is empty.
+template <class Tr, typename T>
+__device__ void write_empty_rows(const MlaDecodeParams& p, int row0) {
+  T* out = static_cast<T*>(p.out);
+  for (int r = blockIdx.x; r < p.batch; r += gridDim.x) {
+    for (int i = threadIdx.x; i < Tr::kBlockM * (kLatentDim / 8); i += Tr::kNumThreads) {
+      const int row = row0 + i / (kLatentDim / 8), c = i % (kLatentDim / 8);
+      if (row >= p.num_rows) continue;
+      const int s = row / p.h_q, h = row % p.h_q;
+      T* o = out + r * p.o_batch_stride + s * p.o_seq_stride + h * p.o_head_stride + c * 8;
+      for (int k = 0; k < 8; k += 2) *reinterpret_cast<uint32_t*>(o + k) = 0u;
+      if (c == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = -INFINITY;
+    }
+  }
+}
+
+template <class Tr, typename T>
+__global__ void __launch_bounds__(Tr::kNumThreads, 1)
+    mla_decode_sm80_kernel(const __grid_constant__ MlaDecodeParams p) {
+  constexpr int kBlockN = Tr::kBlockN, kStages = Tr::kStages, kMFrags = Tr::kMFrags;
+  constexpr int kNFrags = Tr::kNFrags, kQkSteps = Tr::kQkSteps, kPvFrags = Tr::kPvFrags;
+  constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kTpt = Tr::kThreadsPerToken;
+  constexpr int kSoftTokens = Tr::kSoftTokens, kSoftTpr = Tr::kSoftThreadsPerRow;
+  // Two accumulator sets halve the dependent mma chain when a warp has one row fragment.
+  constexpr int kAccSets = kMFrags == 1 ? 2 : 1;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = warp / Tr::kDimGroups, d = warp % Tr::kDimGroups;
+  const int w = blockIdx.x;
+  const int row0 = blockIdx.y * Tr::kBlockM;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Let the combine grid launch now: it waits for this grid's completion before reading.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+  if (tid == 0) {
+    // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
+    // then finds it in L1 when it collects the pieces.
+    const int32_t* wk = meta_worker(p.metadata, w);
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(wk));
+  }
+  if (!metadata_matches(p)) {
+    if (w == 0 && blockIdx.y == 0 && tid == 0)
+      report_device_error(p.error_buffer, kDevErrMetadata, 0, p.metadata[kMetaMagicIdx]);
+    write_empty_rows<Tr, T>(p, row0);
+    return;
+  }
+
+  float* spart = reinterpret_cast<float*>(smem + Tr::kSpartOff);
+  float* alpha_s = reinterpret_cast<float*>(smem + Tr::kAlphaOff);
+  float* inv_l_s = reinterpret_cast<float*>(smem + Tr::kInvLOff);
+  float* m_s = reinterpret_cast<float*>(smem + Tr::kRowMaxOff);
+  float* l_s = reinterpret_cast<float*>(smem + Tr::kRowSumOff);
+  int* vis_s = reinterpret_cast<int*>(smem + Tr::kVisOff);
+  uint8_t* tok_ok = smem + Tr::kTokOkOff;
+  PieceRun* pieces = reinterpret_cast<PieceRun*>(smem + Tr::kPieceOff);
+  int* counts = reinterpret_cast<int*>(smem + Tr::kPieceOff + Tr::kMaxPieces * sizeof(PieceRun));
+  const uint32_t kv_smem = smem_u32(smem + Tr::kKvOff);
+  const uint32_t p_smem = smem_u32(smem + Tr::kPOff);
+  const uint32_t qpe_smem = smem_u32(smem + Tr::kQpeOff);
+
+  const T* kv = static_cast<const T*>(p.kv);
+  const T* q = static_cast<const T*>(p.q);
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+
+  // cp.async mapping: thread -> (token j of the tile, chunks c0, c0 + kTpt, ...).
+  const int ld_tok = tid / kTpt, ld_c0 = tid % kTpt;
+  const uint32_t ld_dst_off = ld_tok * kRowBytes + ((ld_c0 ^ (ld_tok & 7)) << 4);
+  static_assert(kTpt % 8 == 0, "the cp.async swizzle needs 8 threads per token at least");
+  // Softmax mapping: thread -> (row srow of the block, tokens st0 .. st0 + kSoftTokens - 1).
+  const int srow = g * Tr::kRowsPerGroup + d * Tr::kSoftRows + lane / kSoftTpr;
+  const int st0 = (lane % kSoftTpr) * kSoftTokens;
+
+  for (int first = 0;; first += Tr::kMaxPieces) {
+    if (tid == 0) collect_pieces<Tr>(p, w, first, pieces, counts);
+    __syncthreads();
+    const int n = counts[0], total = counts[1];
+
+    // ---- producer: the next tile to load, as (piece index, first token) ----
+    auto normalize = [&](int& pi, int& tok) {
+      while (pi < n && tok >= pieces[pi].end) {
+        ++pi;
+        if (pi < n) tok = pieces[pi].begin;
+      }
+    };
+    auto load_page = [&](int pi, int tok) -> int {
+      if (pi >= n) return 0;
+      const PieceRun& e = pieces[pi];
+      const int t = tok + ld_tok;
+      if (t >= e.end) return 0;
+      return __ldg(p.block_table + int64_t(e.req) * p.block_table_batch_stride +
+                   (t >> p.page_shift));
+    };
+    auto issue = [&](int pi, int tok, int page, int slot) {
+      if (pi < n) {
+        const PieceRun& e = pieces[pi];
+        const int t = tok + ld_tok;
+        bool ok = t < e.end;
+        if (ok && (page < 0 || page >= p.num_pages)) {
+          if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, e.req, page);
+          ok = false;
+        }
+        const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
+                                int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
+                          : kv;
+        // kTpt is a multiple of 8, so chunk c0 + k kTpt swizzles to (c0 ^ (j & 7)) + k kTpt.
+        const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes + ld_dst_off;
+        src += ld_c0 * 8;
+#pragma unroll
+        for (int k = 0; k < (Tr::kRowChunks + kTpt - 1) / kTpt; ++k) {
+          if (ld_c0 + k * kTpt < Tr::kRowChunks)
+            cp_async_16(dst + k * kTpt * 16, src + k * kTpt * 8, ok ? 16 : 0);
+        }
+        if (ld_c0 == 0) tok_ok[slot * kBlockN + ld_tok] = ok;
+      }
+      cp_async_commit();
+    };
+
+    int prod_pi = 0, prod_tok = n > 0 ? pieces[0].begin : 0;
+    normalize(prod_pi, prod_tok);
+    int prod_page;
+    {
+      // Prologue: look up the pages of the first kStages tiles together (one latency, not
+      // kStages), then start kStages - 1 of them.
+      int pis[kStages], toks[kStages], pages[kStages];
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        pis[s] = prod_pi;
+        toks[s] = prod_tok;
+        pages[s] = load_page(prod_pi, prod_tok);
+        if (prod_pi < n) {
+          prod_tok += kBlockN;
+          normalize(prod_pi, prod_tok);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) issue(pis[s], toks[s], pages[s], s);
+      prod_pi = pis[kStages - 1];
+      prod_tok = toks[kStages - 1];
+      prod_page = pages[kStages - 1];
+    }
+    int read_slot = 0;  // the tile being consumed; the slot read before it is refilled
+
+    for (int pi = 0; pi < n; ++pi) {
+      const int tok_begin = pieces[pi].begin, tok_end = pieces[pi].end;
+      // Row indices of the per-piece code are recomputed from a fresh %tid.x: hoisted out of the
+      // piece loop they would be live through the tile loop, where every register is taken.
+      const int lane = fresh_tid() & 31;
+
+      // q fragments of this warp: rows g*kRowsPerGroup + mf*16 + lane/4 (+8), dims of group d.
+      // The last k-step (the rope dims 512..575) goes to shared memory instead and is read with
+      // ldmatrix every tile: it frees 4 kMFrags registers for a negligible share of smem traffic.
+      uint32_t qf[kMFrags][kQkSteps - 1][4];
+#pragma unroll
+      for (int mf = 0; mf < kMFrags; ++mf) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = row0 + g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2) + hf * 8;
+          const bool valid = row < p.num_rows;
+          const int s = valid ? row / p.h_q : 0, h = valid ? row % p.h_q : 0;
+          const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
+              q + int64_t(pieces[pi].req) * p.q_batch_stride + int64_t(s) * p.q_seq_stride +
+              int64_t(h) * p.q_head_stride + d * 16 + 2 * (lane & 3));
+#pragma unroll
+          for (int ks = 0; ks < kQkSteps - 1; ++ks) {  // dims 16 * (4 ks + d) ..
+            qf[mf][ks][hf] = valid ? __ldg(qrow + ks * 32) : 0u;
+            qf[mf][ks][2 + hf] = valid ? __ldg(qrow + ks * 32 + 4) : 0u;
+          }
+        }
+      }
+      {
+        // The group's own rows only: the other row group may still be reading its q_pe. Readers
+        // see it after the first tile's __syncthreads (a piece without tiles reads nothing).
+        const int gt = d * 32 + lane;
+#pragma unroll
+        for (int i = gt; i < Tr::kRowsPerGroup * 8; i += Tr::kDimGroups * 32) {
+          const int r = g * Tr::kRowsPerGroup + i / 8, c = i % 8, row = row0 + r;
+          uint32_t v[4] = {0u, 0u, 0u, 0u};
+          if (row < p.num_rows) {
+            const uint32_t* src = reinterpret_cast<const uint32_t*>(
+                q + int64_t(pieces[pi].req) * p.q_batch_stride +
+                int64_t(row / p.h_q) * p.q_seq_stride + int64_t(row % p.h_q) * p.q_head_stride +
+                kLatentDim + c * 8);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = __ldg(src + k);
+          }
+          *reinterpret_cast<uint4*>(smem + Tr::kQpeOff + r * 128 + ((c ^ (r & 7)) << 4)) =
+              make_uint4(v[0], v[1], v[2], v[3]);
+        }
+      }
+      float o_acc[kMFrags][kPvFrags][4];
+#pragma unroll
+      for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < kPvFrags; ++nf)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) o_acc[mf][nf][k] = 0.f;
+
+      // Softmax state of row srow lives in shared memory (registers are the scarce resource
+      // here), one slot per thread: running max, this thread's share of the running sum, and the
+      // row's causal limit.
+      {
+        const int t = fresh_tid();
+        const int row = row0 + srow;
+        m_s[t] = -INFINITY;
+        l_s[t] = 0.f;
+        vis_s[t] = row < p.num_rows ? visible_len(pieces[pi].seqlen, p.s_q, row / p.h_q) : 0;
+      }
+
+      for (int tile_tok = tok_begin; tile_tok < tok_end; tile_tok += kBlockN) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // tile read_slot landed; slot write_slot is free (read last iteration)
+
+        const uint32_t tile = kv_smem + read_slot * Tr::kKvTileBytes;
+
+        // ---- 1. partial scores over this warp's 144 dims ----
+        {
+          float s_acc[kAccSets][kMFrags][kNFrags][4];
+#pragma unroll
+          for (int a = 0; a < kAccSets; ++a)
+#pragma unroll
+            for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+              for (int nf = 0; nf < kNFrags; ++nf)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) s_acc[a][mf][nf][k] = 0.f;
+          // ldmatrix.x4 rows: tokens (lane & 7) + 8 * (lane >> 4), chunk + ((lane >> 3) & 1).
+          // Step ks covers chunks 8 ks + 2 d (+1): the swizzle only touches the low 3 bits, so
+          // one base address serves every step.
+          const uint32_t k_addr = tile + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes +
+                                  (((2 * d + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
+#pragma unroll
+          for (int ks = 0; ks < kQkSteps; ++ks) {
+            uint32_t qpe[kMFrags][4];
+            if (ks == kQkSteps - 1) {
+#pragma unroll
+              for (int mf = 0; mf < kMFrags; ++mf) {
+                const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+                ldmatrix_x4(qpe[mf], qpe_smem + r * 128 + (((2 * d + (lane >> 4)) ^ (r & 7)) << 4));
+              }
+            }
+#pragma unroll
+            for (int np = 0; np < kNFrags / 2; ++np) {
+              uint32_t b[4];
+              ldmatrix_x4(b, k_addr + np * 16 * kRowBytes + ks * 128);
+#pragma unroll
+              for (int mf = 0; mf < kMFrags; ++mf) {
+                const uint32_t(&a)[4] = ks == kQkSteps - 1 ? qpe[mf] : qf[mf][ks < kQkSteps - 1 ? ks : 0];
+                mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np], a, b[0], b[1]);
+                mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np + 1], a, b[2], b[3]);
+              }
+            }
+          }
+          // Refill the slot read last iteration (everyone passed this tile's __syncthreads) while
+          // the mma results are in flight.
+          issue(prod_pi, prod_tok, prod_page, read_slot == 0 ? kStages - 1 : read_slot - 1);
+          if (prod_pi < n) {
+            prod_tok += kBlockN;
+            normalize(prod_pi, prod_tok);
+          }
+          prod_page = load_page(prod_pi, prod_tok);  // used one iteration later: latency hidden
+#pragma unroll
+          for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2) + hf * 8;
+              float* dst = spart + (d * Tr::kBlockM + r) * kBlockN;
+              const int swz = score_swizzle<kBlockN>(r);
+#pragma unroll
+              for (int nf = 0; nf < kNFrags; ++nf) {
+                float2 v;
+                v.x = s_acc[0][mf][nf][2 * hf];
+                v.y = s_acc[0][mf][nf][2 * hf + 1];
+                if (kAccSets == 2) {
+                  v.x += s_acc[kAccSets - 1][mf][nf][2 * hf];
+                  v.y += s_acc[kAccSets - 1][mf][nf][2 * hf + 1];
+                }
+                *reinterpret_cast<float2*>(dst + ((nf * 8 + 2 * (lane & 3)) ^ swz)) = v;
+              }
+            }
+        }
+        named_barrier(1 + g, Tr::kDimGroups * 32);
+
+        // ---- 2. online softmax of row srow over this tile ----
+        {
+          float sc[kSoftTokens];
+#pragma unroll
+          for (int k = 0; k < kSoftTokens; ++k) sc[k] = 0.f;
+          const int swz = score_swizzle<kBlockN>(srow);
+#pragma unroll
+          for (int dd = 0; dd < Tr::kDimGroups; ++dd) {
+            const float* src = spart + (dd * Tr::kBlockM + srow) * kBlockN + (st0 ^ swz);
+            if constexpr (kSoftTokens == 4) {
+              const float4 v = *reinterpret_cast<const float4*>(src);
+              sc[0] += v.x, sc[1] += v.y, sc[2] += v.z, sc[3] += v.w;
+            } else {
+              const float2 v = *reinterpret_cast<const float2*>(src);
+              sc[0] += v.x, sc[1] += v.y;
+            }
+          }
+          const float m_run = m_s[tid];
+          const int vis_end = vis_s[tid];
+          const float l_run = l_s[tid];
+          float mx = -INFINITY;
+#pragma unroll
+          for (int k = 0; k < kSoftTokens; ++k) {
+            const bool valid = tok_ok[read_slot * kBlockN + st0 + k] && tile_tok + st0 + k < vis_end;
+            sc[k] = valid ? sc[k] * scale_log2 : -INFINITY;
+            mx = fmaxf(mx, sc[k]);
+          }
+#pragma unroll
+          for (int o = 1; o < kSoftTpr; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const float m_new = fmaxf(m_run, mx);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no (-inf) - (-inf)
+          const float alpha = fast_exp2(m_run - m_use);
+          float ps = 0.f;
+#pragma unroll
+          for (int k = 0; k < kSoftTokens; ++k) {
+            sc[k] = fast_exp2(sc[k] - m_use);
+            ps += sc[k];
+          }
+          l_s[tid] = l_run * alpha + ps;
+          m_s[tid] = m_new;
+          if (lane % kSoftTpr == 0) alpha_s[srow] = alpha;
+          uint8_t* pdst = smem + Tr::kPOff + srow * kBlockN * 2 +
+                          (((st0 >> 3) ^ p_swizzle<kBlockN>(srow)) << 4) + (st0 & 7) * 2;
+#pragma unroll
+          for (int k = 0; k < kSoftTokens; k += 2)
+            *reinterpret_cast<uint32_t*>(pdst + k * 2) = pack2<T>(sc[k], sc[k + 1]);
+        }
+        named_barrier(1 + g, Tr::kDimGroups * 32);
+
+        // ---- 3. O = alpha * O + P V over this warp's 128 output dims ----
+        {
+          // Once the running max settles alpha is exactly 1: skipping the multiply is then
+          // bit-identical and saves 64 kMFrags instructions per tile.
+          float a[kMFrags][2];
+          bool rescale = false;
+#pragma unroll
+          for (int mf = 0; mf < kMFrags; ++mf) {
+            const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2);
+            a[mf][0] = alpha_s[r];
+            a[mf][1] = alpha_s[r + 8];
+            rescale = rescale || a[mf][0] != 1.f || a[mf][1] != 1.f;
+          }
+          if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+              for (int nf = 0; nf < kPvFrags; ++nf) {
+                o_acc[mf][nf][0] *= a[mf][0];
+                o_acc[mf][nf][1] *= a[mf][0];
+                o_acc[mf][nf][2] *= a[mf][1];
+                o_acc[mf][nf][3] *= a[mf][1];
+              }
+          }
+#pragma unroll
+          for (int kt = 0; kt < kBlockN / 16; ++kt) {
+            uint32_t pa[kMFrags][4];
+#pragma unroll
+            for (int mf = 0; mf < kMFrags; ++mf) {
+              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+              const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
+              ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
+            }
+            // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
+            // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
+            const uint32_t v_addr = tile + (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
+                                    (((2 * d + (lane >> 4)) ^ (lane & 7)) << 4);
+#pragma unroll
+            for (int j = 0; j < kPvFrags / 2; ++j) {
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, v_addr + j * 128);
+#pragma unroll
+              for (int mf = 0; mf < kMFrags; ++mf) {
+                mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
+                mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
+              }
+            }
+          }
+        }
+        read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
+      }
+
+      // ---- epilogue: normalize by the row sums, write out/lse or the split partials ----
+      {
+        const PieceRun e = pieces[pi];
+        const int lane = fresh_tid() & 31;
+        // The previous piece's epilogue may still be reading inv_l_s (an empty piece has no tile
+        // barrier in between).
+        named_barrier(1 + g, Tr::kDimGroups * 32);
+        float l = l_s[fresh_tid()];
+#pragma unroll
+        for (int o = 1; o < kSoftTpr; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane % kSoftTpr == 0) {
+          const float m_run = m_s[fresh_tid()];
+          const bool empty = !(l > 0.f);
+          inv_l_s[srow] = empty ? 0.f : 1.f / l;
+          const int row = row0 + srow;
+          if (row < p.num_rows && e.write != kWriteNone) {
+            const float lse = empty ? -INFINITY : (m_run + __log2f(l)) * 0.6931471805599453f;
+            const int s = row / p.h_q, h = row % p.h_q;
+            if (e.write == kWriteOut)
+              p.lse[(int64_t(e.req) * p.h_q + h) * p.s_q + s] = lse;
+            else
+              p.lse_accum[int64_t(e.piece) * p.num_rows + row] = lse;
+          }
+        }
+        named_barrier(1 + g, Tr::kDimGroups * 32);
+        if (e.write != kWriteNone) {
+#pragma unroll
+          for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2) + hf * 8;
+              const int row = row0 + r;
+              if (row >= p.num_rows) continue;
+              const float inv = inv_l_s[r];
+              const int col = d * 16 + 2 * (lane & 3);  // n8 fragment nf: + 64 (nf/2) + 8 (nf%2)
+              if (e.write == kWriteOut) {
+                const int s = row / p.h_q, h = row % p.h_q;
+                T* o = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
+                       int64_t(s) * p.o_seq_stride + int64_t(h) * p.o_head_stride + col;
+#pragma unroll
+                for (int nf = 0; nf < kPvFrags; ++nf)
+                  *reinterpret_cast<uint32_t*>(o + (nf >> 1) * 64 + (nf & 1) * 8) =
+                      pack2<T>(o_acc[mf][nf][2 * hf] * inv, o_acc[mf][nf][2 * hf + 1] * inv);
+              } else {
+                float* o = p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim + col;
+#pragma unroll
+                for (int nf = 0; nf < kPvFrags; ++nf)
+                  *reinterpret_cast<float2*>(o + (nf >> 1) * 64 + (nf & 1) * 8) =
+                      make_float2(o_acc[mf][nf][2 * hf] * inv, o_acc[mf][nf][2 * hf + 1] * inv);
+              }
+            }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    if (first + Tr::kMaxPieces >= total) break;
+    __syncthreads();  // everyone is done with this round's piece list
+  }
+}
+
+// Launch one configuration; the attribute is set per call (cheap, allowed during capture).
+template <class Tr, typename T>
+cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
+  auto kernel = mla_decode_sm80_kernel<Tr, T>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(p.num_workers, ceil_div(p.num_rows, Tr::kBlockM));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Blocks of this configuration that fit on one SM of `device` (2 on sm_90 for the 16- and
+// 32-row tiles: a second block hides the first one's per-tile latency; 1 on sm_80/86/89), from
+// the kernel's registers and shared memory and the device's per-SM limits.
+template <class Tr, typename T>
+int mla_decode_sm80_blocks_per_sm(int device) {
+  cudaFuncAttributes a;
+  int smem_sm = 0, regs_sm = 0, threads_sm = 0, reserved = 0;
+  if (cudaFuncGetAttributes(&a, mla_decode_sm80_kernel<Tr, T>) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  const int by_smem = smem_sm / (Tr::kSmemBytes + int(a.sharedSizeBytes) + reserved);
+  const int warp_regs = (a.numRegs + 7) / 8 * 8 * 32;  // allocated per warp in units of 256
+  const int by_regs = regs_sm / (warp_regs * Tr::kNumWarps);
+  const int by_threads = threads_sm / Tr::kNumThreads;
+  const int n = by_smem < by_regs ? (by_smem < by_threads ? by_smem : by_threads)
+                                  : (by_regs < by_threads ? by_regs : by_threads);
+  return n < 1 ? 1 : n;
+}
+
+}  // namespace kf::cuda::VNS
