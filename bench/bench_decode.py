@@ -17,6 +17,16 @@ For each (h_q, b, s_k), s_q = 1, bf16, page 64, every request at length s_k:
     python3 bench/bench_decode.py --quick --json $OUT/bench.json
     python3 bench/bench_decode.py --h-q 16 --batch 64 128 --s-k 4096
     python3 bench/bench_decode.py --baselines-only --quick      # no kernelflow
+
+8-bit caches (--formats bf16 fp8_e4m3 int8, kernelflow only): each problem's bf16 cache is
+converted with kernelflow.convert_cache and every format is timed in the same run at equal shapes;
+bytes = b*s_k*644 for the 8-bit formats (+ q and o); the table gives each format's time, GB/s,
+fraction of the read peak and speedup over bf16; each 8-bit output is checked against the float64
+reference on the unquantized cache (whole-output cosine distance, SPEC.md 4: 3e-3 fp8, 5e-4 int8).
+--sk-sweep runs s_k 1K..64K at h_q = 16, b = 64 (with --formats, or all three formats).
+
+    python3 bench/bench_decode.py --formats bf16 fp8_e4m3 int8 --h-q 16 --batch 64 128 --s-k 4096
+    python3 bench/bench_decode.py --sk-sweep
 """
 from __future__ import annotations
 
@@ -39,6 +49,8 @@ from baselines import torch_mla, triton_mla  # noqa: E402
 SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (SPEC.md section 1)
 DEVICE = "cuda"
 BYTES_PER_TOKEN = 1152
+FORMAT_BYTES = {"bf16": 1152, "fp8_e4m3": 644, "int8": 644}
+FORMAT_COS_BOUND = {"fp8_e4m3": 3e-3, "int8": 5e-4}  # SPEC.md 4, whole output vs unquantized
 ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
 SPEC_MMA_TFLOPS = 639.0
 
@@ -67,7 +79,15 @@ def parse_args():
     ap.add_argument("--max-copies", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
+    ap.add_argument("--formats", nargs="+", choices=list(FORMAT_BYTES), default=None,
+                    help="kernelflow only: time these cache formats side by side (8-bit speedups)")
+    ap.add_argument("--sk-sweep", action="store_true",
+                    help="s_k 1K..64K at h_q 16, b 64, over --formats (default all three)")
     args = ap.parse_args()
+    if args.sk_sweep:
+        args.h_q, args.batch = [16], [64]
+        args.s_k = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+        args.formats = args.formats or list(FORMAT_BYTES)
     if args.quick:
         args.h_q, args.batch, args.s_k = [16, 128], [1, 32, 128], [4096]
     if args.tune is None:
@@ -297,6 +317,109 @@ class FlashMLARunner:
 
 # ---- reporting -------------------------------------------------------------------------------------
 
+# ---- 8-bit formats side by side -------------------------------------------------------------
+
+def run_formats(args, pk, dtype, rotate_bytes) -> int:
+    """kernelflow on each of args.formats at equal shapes, in this run: time, GB/s (the format's
+    bytes), fraction of the read peak, speedup over bf16, and an accuracy check per format."""
+    import kernelflow as kf
+
+    log(f"kernelflow: {kf.__file__}; formats {' '.join(args.formats)}")
+    rows, fails = [], 0
+    for s_k in args.s_k:
+        for h_q in args.h_q:
+            for b in args.batch:
+                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} q {args.dtype}]")
+                try:
+                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
+                                args.seed)
+                except torch.cuda.OutOfMemoryError as e:
+                    log(f"  skipped: {short_err(e)}")
+                    continue
+                runner = KernelFlowRunner(kf)
+                runner.prepare(p)
+                ref = None
+                res = {}
+                for fmt in args.formats:
+                    row = {"kernel": "kernelflow", "format": fmt, "h_q": h_q, "b": b, "s_k": s_k}
+                    try:
+                        q8 = fmt != "bf16"
+                        kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
+                        code = fmt if q8 else None
+
+                        def call(i, kv=kv, code=code):
+                            kw = {"out": runner.out, "lse": runner.lse}
+                            if runner.ws is not None:
+                                kw["workspace"] = runner.ws
+                            return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens,
+                                                 runner.md, SCALE, kv_format=code, **kw)
+
+                        runner.out.fill_(float("nan"))
+                        call(0)
+                        torch.cuda.synchronize()
+                        if q8:
+                            if ref is None:
+                                ref = p.ref()
+                            x = runner.out.double().reshape(-1)
+                            y = ref[0].double().reshape(-1)
+                            cos = float(1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum()))
+                            ok = cos < FORMAT_COS_BOUND[fmt]
+                            row["check"] = {"ok": ok, "whole_output_cos_dist": cos}
+                            log(f"  check {fmt:9s}: {'PASS' if ok else 'FAIL'} whole-output cos "
+                                f"dist {cos:.2e} (bound {FORMAT_COS_BOUND[fmt]:.0e})")
+                        else:
+                            row["check"] = torch_mla.check(runner.out, runner.lse, *p.ref())
+                            ref = p.ref()
+                            log(f"  check {fmt:9s}: {torch_mla.fmt_check(row['check'])}")
+                        fails += not row["check"]["ok"]
+                        t = time_unit(lambda: [call(i) for i in range(p.copies)], p.copies,
+                                      args.replays)
+                        nbytes = p.bytes - p.cache_bytes + b * s_k * FORMAT_BYTES[fmt]
+                        gbps = nbytes / (t["us"] * 1e-6) / 1e9
+                        row.update({"us": t["us"], "GBps": gbps,
+                                    "frac_read_peak": gbps / pk["read_GBps"]})
+                        res[fmt] = row
+                        del kv
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = short_err(e)
+                        log(f"  {fmt:9s}: FAILED {short_err(e)}")
+                    rows.append(row)
+                for fmt, row in res.items():
+                    sp = (f"  {res['bf16']['us'] / row['us']:.2f}x vs bf16"
+                          if "bf16" in res and fmt != "bf16" else "")
+                    log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
+                        f"({100 * row['frac_read_peak']:5.1f}% read){sp}")
+                p.free()
+                del p
+                torch.cuda.empty_cache()
+    log(f"\n## MLA decode by cache format, {torch.cuda.get_device_name(0)}, q {args.dtype}, "
+        f"page {args.page}, s_q 1, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
+    log("| h_q | b | s_k | " + " | ".join(f"{f} us | {f} %read" + (f" | {f}/bf16" if f != "bf16" else "")
+                                          for f in args.formats) + " |")
+    ncol = sum(3 if f != "bf16" else 2 for f in args.formats) + 3
+    log("|" + " --- |" * ncol)
+    keys = sorted({(r["h_q"], r["b"], r["s_k"]) for r in rows}, key=lambda k: (k[2], k[0], k[1]))
+    for h_q, b, s_k in keys:
+        by = {r["format"]: r for r in rows if (r["h_q"], r["b"], r["s_k"]) == (h_q, b, s_k)
+              and "us" in r}
+        cells = []
+        for f in args.formats:
+            r = by.get(f)
+            cells += [f"{r['us']:.1f}" if r else "-",
+                      f"{100 * r['frac_read_peak']:.0f}%" if r else "-"]
+            if f != "bf16":
+                cells.append(f"{by['bf16']['us'] / r['us']:.2f}x" if r and "bf16" in by else "-")
+        log(f"| {h_q} | {b} | {s_k} | " + " | ".join(cells) + " |")
+    log("(speedup: bf16 time / the format's time, same run, same shapes)")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "argv": sys.argv[1:], "peaks": pk,
+                       "rows": rows}, f, indent=1, default=str)
+        log(f"wrote {args.json}")
+    return 1 if fails else 0
+
+
 def load_spec_flashmla():
     try:
         with open(ANCHOR) as f:
@@ -364,6 +487,8 @@ def main() -> int:
     pk = get_peaks(args)
     log(f"peaks used: read {pk['read_GBps']:.0f} GB/s, mma.sync bf16 "
         f"{pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS ({pk['source']})")
+    if args.formats:
+        return run_formats(args, pk, dtype, rotate_bytes)
 
     runners = []
     errors = []

@@ -1,69 +1,13 @@
 // The CUDA backend against the CPU backend, through the C API on cudaMalloc'd buffers. Every test
 // skips with a reason where the build has no CUDA or no device is visible, so the binary builds
 // and lists these tests on any machine.
-#include "test_util.h"
-
-#if KF_TESTS_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "gpu_util.h"
 
 using namespace kft;
 
 namespace {
 
 #if KF_TESTS_WITH_CUDA
-#define KF_REQUIRE_GPU()                                                     \
-  do {                                                                       \
-    if (kf_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
-#else
-#define KF_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA (KF_WITH_CUDA=OFF)"
-#endif
-
-#if KF_TESTS_WITH_CUDA
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// A device copy of a HostTensor: same dtype, shape and strides, on cuda:0.
-class DeviceTensor {
- public:
-  explicit DeviceTensor(HostTensor& h) : bytes_(h.bytes()) {
-    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
-    if (ptr_) cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice);
-    t_ = *h.dl();
-    t_.data = ptr_;
-    t_.device = DLDevice{kDLCUDA, 0};
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DLTensor* dl() { return &t_; }
-  bool ok() const { return ptr_ != nullptr; }
-  void upload(HostTensor& h) { cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice); }
-  void download(HostTensor& h) { cudaMemcpy(h.ptr<uint8_t>(), ptr_, bytes_, cudaMemcpyDeviceToHost); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-  DLTensor t_{};
-};
-
-// All decode tensors of a Built problem on the device; the host copies stay the CPU's inputs.
-struct DeviceProblem {
-  explicit DeviceProblem(Built& b)
-      : q(b.q_t), cache(b.cache), block_table(b.block_table), cache_seqlens(b.cache_seqlens),
-        metadata(b.metadata), out(b.out), lse(b.lse), workspace(b.workspace) {}
-  kf_status metadata_call(const Problem& pr, void* stream = nullptr) {
-    return kf_mla_metadata(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, metadata.dl(), stream);
-  }
-  kf_status decode(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr, void* stream = nullptr) {
-    return kf_mla_decode(q.dl(), cache.dl(), fmt, block_table.dl(), cache_seqlens.dl(), metadata.dl(), pr.scale,
-                         out.dl(), lse.dl(), workspace.dl(), eb, stream);
-  }
-  DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
-};
 
 // Worst row cosine distance and lse difference between two finished outputs of one problem.
 void expect_close_to(Built& gpu, Built& cpu, double max_cos = 1e-5, double max_lse = 1e-4) {

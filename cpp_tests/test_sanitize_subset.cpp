@@ -7,28 +7,13 @@
 // Shapes are small because the sanitizers slow kernels 10-100x. Every device buffer is uploaded
 // whole from an initialized host buffer (NaN in page padding and spare pages, NaN-poisoned out,
 // lse and workspace), so initcheck judges the kernels' own reads. Skips without a CUDA device.
-#include "test_util.h"
-
-#if KF_TESTS_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "gpu_util.h"
 
 using namespace kft;
 
 namespace {
 
 #if KF_TESTS_WITH_CUDA
-#define KF_REQUIRE_GPU()                                                       \
-  do {                                                                         \
-    if (kf_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
-#else
-#define KF_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA (KF_WITH_CUDA=OFF)"
-#endif
-
-#if KF_TESTS_WITH_CUDA
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 // A host tensor with the dtype, shape and strides of `t` (for results downloaded from a device).
 HostTensor same_layout(HostTensor& t) {
@@ -121,53 +106,6 @@ void extend_request(Built& b, int r, int len, std::mt19937_64& rng) {
   }
   b.pr.seqlens[r] = len;  // the reference's length; the device's cache_seqlens stay as they are
 }
-
-// A device copy of a HostTensor: same dtype, shape and strides, on cuda:0, uploaded whole.
-class DeviceTensor {
- public:
-  explicit DeviceTensor(HostTensor& h) : bytes_(h.bytes()) {
-    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
-    if (ptr_) cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice);
-    t_ = *h.dl();
-    t_.data = ptr_;
-    t_.device = DLDevice{kDLCUDA, 0};
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DLTensor* dl() { return &t_; }
-  bool ok() const { return ptr_ != nullptr; }
-  cudaError_t upload(HostTensor& h, cudaStream_t s = nullptr) {
-    return cudaMemcpyAsync(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice, s);
-  }
-  cudaError_t download(HostTensor& h) { return cudaMemcpy(h.ptr<uint8_t>(), ptr_, bytes_, cudaMemcpyDeviceToHost); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-  DLTensor t_{};
-};
-
-struct DeviceProblem {
-  explicit DeviceProblem(Built& b)
-      : q(b.q_t), cache(b.cache), block_table(b.block_table), cache_seqlens(b.cache_seqlens),
-        metadata(b.metadata), out(b.out), lse(b.lse), workspace(b.workspace) {}
-  bool ok() const {
-    return q.ok() && cache.ok() && block_table.ok() && cache_seqlens.ok() && metadata.ok() && out.ok() &&
-           lse.ok() && workspace.ok();
-  }
-  kf_status metadata_call(const Problem& pr, void* stream = nullptr) {
-    return kf_mla_metadata(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, metadata.dl(), stream);
-  }
-  kf_status decode(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr, void* stream = nullptr,
-                   DLTensor* kv_cache = nullptr) {
-    return kf_mla_decode(q.dl(), kv_cache ? kv_cache : cache.dl(), fmt, block_table.dl(), cache_seqlens.dl(),
-                         metadata.dl(), pr.scale, out.dl(), lse.dl(), workspace.dl(), eb, stream);
-  }
-  DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
-};
 
 // The optional error buffer: int32[len] = [0, -1, 0, sentinel...]; words past 2 must never change.
 constexpr int32_t kSentinel = 0x5A5A5A5A;

@@ -6,11 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "test_util.h"
-
-#if KF_TESTS_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "gpu_util.h"
 
 using namespace kft;
 
@@ -223,32 +219,6 @@ TEST(Threads, ErrorStateIsPerThread) {
 }
 
 #if KF_TESTS_WITH_CUDA
-
-// A device copy of a host tensor on cuda:0, uploaded whole.
-class DeviceTensor {
- public:
-  explicit DeviceTensor(HostTensor& h) : bytes_(h.bytes()) {
-    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
-    if (ptr_) cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice);
-    t_ = *h.dl();
-    t_.data = ptr_;
-    t_.device = DLDevice{kDLCUDA, 0};
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DLTensor* dl() { return &t_; }
-  bool ok() const { return ptr_ != nullptr; }
-  size_t bytes() const { return bytes_; }
-  void* ptr() { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-  DLTensor t_{};
-};
 
 // One thread's GPU decode: its own buffers and stream.
 struct GpuJob {

@@ -131,6 +131,14 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
                                  const DLTensor* slot_mapping, DLTensor* error_buffer,
                                  void* stream);
 
+/* Quantize a whole 16-bit cache (bf16 or fp16, [num_pages, page_size, 576] or
+ * [num_pages, page_size, 1, 576]) into an 8-bit cache uint8 [num_pages, page_size, 644] of the
+ * same geometry (dst_format KF_KV_FP8_E4M3 or KF_KV_INT8, page_size a multiple of 16): every
+ * slot, the bytes kf_cache_append writes for the same row. The two caches must not overlap.
+ * For importing caches; no host synchronization on a CUDA device. */
+KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache,
+                                  kf_kv_format dst_format, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

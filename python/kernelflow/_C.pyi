@@ -46,6 +46,9 @@ def cache_append(
     error_buffer: Optional[ArrayLike] = None,
     stream: int = 0,
 ) -> None: ...
+def cache_convert(
+    src_cache: ArrayLike, dst_cache: ArrayLike, dst_format: int, stream: int = 0
+) -> None: ...
 def describe(array: ArrayLike) -> dict[str, Any]: ...
 
 KV_BF16: int

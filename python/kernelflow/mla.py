@@ -235,6 +235,32 @@ def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, 
     return kv_cache
 
 
+def convert_cache(src, dst=None, kv_format="fp8_e4m3", stream=None):
+    """Quantize a whole bf16/fp16 cache src [num_pages, page_size, 576] (or [.., 1, 576]) into
+    an 8-bit cache: every slot gets the bytes cache_append would write for the same row.
+
+    kv_format is 'fp8_e4m3' or 'int8'; dst, when given, is a uint8 [num_pages, page_size, 644]
+    cache on src's device (page_size a multiple of 16), written in place; otherwise a new one is
+    allocated in src's framework. Returns dst."""
+    home = fw.framework(src, "src")
+    if kv_format not in ("fp8_e4m3", "int8"):
+        raise ValueError(f"kv_format: expected 'fp8_e4m3' or 'int8', got {kv_format!r}")
+    code = _format_code(kv_format, None)
+    if len(src.shape) not in (3, 4):
+        raise ValueError(
+            f"src: expected shape [num_pages, page_size, 576] (or [.., 1, 576]), got {tuple(src.shape)}"
+        )
+    if dst is None:
+        fw.check_home(src, home, "src")
+        num_pages, page_size = int(src.shape[0]), int(src.shape[1])
+        dst = fw.empty(src, home, (num_pages, page_size, _C.BYTES_PER_TOKEN_8BIT), "uint8")
+    else:
+        fw.framework(dst, "dst")
+        fw.check_writable(dst, "dst")
+    _C.cache_convert(fw.export(src), fw.export(dst, home), code, fw.stream_handle(stream, src, home))
+    return fw.to_home(dst, home)
+
+
 def new_workspace(q, metadata):
     """A decode workspace for q's shape and the worker count `metadata` was made for: uint8,
     256-byte aligned, on q's device, in q's framework. Allocate it once (outside any CUDA graph

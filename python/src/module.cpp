@@ -127,6 +127,18 @@ void cache_append(nb::handle kv, nb::handle kv_cache, int kv_format, nb::handle 
   check(st, "kf_cache_append");
 }
 
+void cache_convert(nb::handle src_cache, nb::handle dst_cache, int dst_format, uintptr_t stream) {
+  const kf_kv_format fmt = as_format(dst_format);
+  Tensor src_t = as_input(src_cache, "src_cache");
+  Tensor dst_t = as_output(dst_cache, "dst_cache");
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = kf_cache_convert(src_t.in(), dst_t.out(), fmt, as_stream(stream));
+  }
+  check(st, "kf_cache_convert");
+}
+
 int cuda_device_count() {
   nb::gil_scoped_release unlocked;  // the first call initializes the CUDA driver
   return kf_cuda_device_count();
@@ -162,6 +174,8 @@ NB_MODULE(_C, m) {
   m.def("cache_append", &cache_append, nb::arg("kv"), nb::arg("kv_cache"), nb::arg("kv_format"),
         nb::arg("slot_mapping"), nb::arg("error_buffer").none() = nb::none(),
         nb::arg("stream") = 0);
+  m.def("cache_convert", &cache_convert, nb::arg("src_cache"), nb::arg("dst_cache"),
+        nb::arg("dst_format"), nb::arg("stream") = 0);
   m.def("describe", &kf::py::describe, nb::arg("array"),
         "The DLTensor the binding builds for an array: what the C API sees.");
 

@@ -100,4 +100,17 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
   });
 }
 
+KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache,
+                                  kf_kv_format dst_format, void* stream) {
+  return guarded([&] {
+    Device dev;
+    kf::CacheConvertParams p;
+    KF_CHECK(validate_convert_call(src_cache, dst_cache, dst_format, &dev, &p));
+    KF_CHECK(check_backend(dev));
+    KF_CHECK(check_format_backend(dev, dst_format));
+    if (p.num_pages == 0) return KF_SUCCESS;
+    return run_convert(dev, p, stream);
+  });
+}
+
 }  // extern "C"

@@ -30,7 +30,7 @@ kf_status resolve_device(const DLTensor* t, const char* name, Device* dev) {
 
 // Which backends decode and append the 8-bit formats; flipped on as each one lands.
 constexpr bool kCpuHas8bit = true;
-constexpr bool kCudaHas8bit = false;
+constexpr bool kCudaHas8bit = true;
 
 kf_status check_format_backend(const Device& dev, kf_kv_format format) {
   if (format != KF_KV_FP8_E4M3 && format != KF_KV_INT8) return KF_SUCCESS;
@@ -133,6 +133,16 @@ kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream
   });
 }
 
+kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream) {
+  if (!dev.cuda) {
+    cpu::cache_convert(p);
+    return KF_SUCCESS;
+  }
+  return launch_on(dev, "cache_convert", [&] {
+    return kf::cuda::launch_cache_convert(p, static_cast<cudaStream_t>(stream));
+  });
+}
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -184,6 +194,12 @@ kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void*) {
 kf_status run_append(const Device& dev, const CacheAppendParams& p, void*) {
   KF_CHECK(check_backend(dev));
   cpu::cache_append(p);
+  return KF_SUCCESS;
+}
+
+kf_status run_convert(const Device& dev, const CacheConvertParams& p, void*) {
+  KF_CHECK(check_backend(dev));
+  cpu::cache_convert(p);
   return KF_SUCCESS;
 }
 

@@ -26,6 +26,7 @@ kf_status check_format_backend(const Device& dev, kf_kv_format format);
 kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stream);
 kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream);
 kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream);
+kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream);
 
 int cuda_device_count();  // 0 without a driver or GPU, or without CUDA in the build
 kf_status cuda_default_num_workers(int device_id, int num_rows, int* num_workers);

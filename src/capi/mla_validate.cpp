@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <climits>
 #include <cmath>
+#include <string>
 
 #include "capi/error.h"
 #include "capi/scalar_check.h"
@@ -335,6 +336,66 @@ kf_status validate_append_call(const DLTensor* kv, DLTensor* kv_cache, kf_kv_for
   p->cache_token_stride = g.token_stride;
   p->slot_mapping = reinterpret_cast<const int64_t*>(data_address(slot_mapping));
   p->error_buffer = error_buffer ? reinterpret_cast<int32_t*>(data_address(error_buffer)) : nullptr;
+  return KF_SUCCESS;
+}
+
+kf_status validate_convert_call(const DLTensor* src_cache, DLTensor* dst_cache,
+                                kf_kv_format dst_format, Device* dev, CacheConvertParams* p) {
+  KF_CHECK(check_present(src_cache, "src_cache"));
+  KF_CHECK(check_present(dst_cache, "dst_cache"));
+  KF_CHECK(check_kv_format(dst_format));
+  if (dst_format != KF_KV_FP8_E4M3 && dst_format != KF_KV_INT8)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "dst_format: expected KF_KV_FP8_E4M3 or KF_KV_INT8 (an 8-bit format), got %s",
+                kv_format_name(dst_format));
+  KF_CHECK(resolve_device(src_cache, "src_cache", dev));
+  KF_CHECK(check_same_device(src_cache, "src_cache", dst_cache, "dst_cache"));
+
+  // The source is a 16-bit cache in its own dtype; the page size must also suit the 8-bit format.
+  KF_CHECK(check_dtype(src_cache, "src_cache", kDtBF16, kDtF16));
+  const kf_kv_format src_format = same_dtype(src_cache->dtype, kDtBF16) ? KF_KV_BF16 : KF_KV_FP16;
+  CacheGeometry gs, gd;
+  // check_cache words its messages for "kv_cache": name the tensor of this call instead.
+  const auto renamed = [](kf_status s, const char* name) {
+    std::string m = last_error();
+    if (m.rfind("kv_cache", 0) == 0) m = name + m.substr(8);
+    return fail(s, "%s", m.c_str());
+  };
+  if (const kf_status s = check_cache(src_cache, src_format, src_cache->dtype, &gs); s != KF_SUCCESS)
+    return renamed(s, "src_cache");
+  if (const kf_status s = check_cache(dst_cache, dst_format, src_cache->dtype, &gd); s != KF_SUCCESS)
+    return renamed(s, "dst_cache");
+  if (gs.page_size != gd.page_size)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "dst_cache: expected page_size %d (of src_cache), got %d", gs.page_size,
+                gd.page_size);
+  KF_CHECK(check_page_size(dst_format, gs.page_size, "src_cache: shape[1] (page_size)"));
+  if (gs.num_pages != gd.num_pages)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "dst_cache: expected num_pages %d (of src_cache), got %d", gs.num_pages,
+                gd.num_pages);
+  KF_CHECK(check_no_overlap(dst_cache, "dst_cache"));
+  // Byte spans of the two caches must be disjoint (the conversion reads while it writes).
+  const uint64_t s0 = data_address(src_cache), d0 = data_address(dst_cache);
+  const uint64_t s1 = s0 + uint64_t(gs.num_pages - 1) * uint64_t(gs.page_stride) * 2 +
+                      uint64_t(gs.page_size - 1) * uint64_t(gs.token_stride) * 2 + kHeadDim * 2;
+  const uint64_t d1 = d0 + uint64_t(gd.num_pages - 1) * uint64_t(gd.page_stride) +
+                      uint64_t(kv8_page_bytes(gd.page_size));
+  if (s0 < d1 && d0 < s1)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "dst_cache: overlaps src_cache in memory; expected two separate caches");
+
+  *p = CacheConvertParams{};
+  p->src_dtype = dtype_of(src_cache->dtype);
+  p->dst_format = KvFormat(int(dst_format));
+  p->page_size = gs.page_size;
+  p->page_shift = gs.page_shift;
+  p->num_pages = gs.num_pages;
+  p->src = reinterpret_cast<const void*>(s0);
+  p->src_page_stride = gs.page_stride;
+  p->src_token_stride = gs.token_stride;
+  p->dst = reinterpret_cast<void*>(d0);
+  p->dst_page_stride = gd.page_stride;
   return KF_SUCCESS;
 }
 

@@ -29,5 +29,7 @@ kf_status validate_decode_call(const DecodeArgs& a, Device* dev, MlaDecodeParams
 kf_status validate_append_call(const DLTensor* kv, DLTensor* kv_cache, kf_kv_format kv_format,
                                const DLTensor* slot_mapping, DLTensor* error_buffer, Device* dev,
                                CacheAppendParams* p);
+kf_status validate_convert_call(const DLTensor* src_cache, DLTensor* dst_cache,
+                                kf_kv_format dst_format, Device* dev, CacheConvertParams* p);
 
 }  // namespace kf::capi

@@ -67,6 +67,18 @@ struct CacheAppendParams {
   int32_t* error_buffer;        // nullable
 };
 
+// Bulk conversion of a whole 16-bit cache into an 8-bit one, page for page, slot for slot (the
+// same quantization as the append).
+struct CacheConvertParams {
+  DType src_dtype;
+  KvFormat dst_format;  // 8-bit
+  int page_size, page_shift, num_pages;
+  const void* src;  // 16-bit cache, strides in elements
+  int64_t src_page_stride, src_token_stride;
+  void* dst;  // 8-bit cache, page stride in bytes
+  int64_t dst_page_stride;
+};
+
 // Workspace layout: o_accum then lse_accum, each 256-byte aligned. Sized for the most pieces a
 // batch can be split into, so one allocation serves every step of a captured graph.
 inline int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }

@@ -10,5 +10,7 @@ void mla_metadata(const MlaMetadataParams& p);
 // Decode every piece of the schedule, then merge the pieces of split requests in piece order.
 void mla_decode(const MlaDecodeParams& p);
 void cache_append(const CacheAppendParams& p);
+// Every slot of a 16-bit cache quantized into the 8-bit cache of the same geometry.
+void cache_convert(const CacheConvertParams& p);
 
 }  // namespace kf::cpu

@@ -1,10 +1,19 @@
-// Cache append for 16-bit caches: row i of kv [n, 576] is copied to slot slot_mapping[i] =
-// page * page_size + offset of the paged cache. One warp per row, 16-byte copies (72 per row);
-// a 2-byte path serves rows that are not 16-byte aligned. Negative slots are skipped; slots past
-// the cache are reported (KF_DEVERR_SLOT_RANGE) and skipped. No shared memory.
+// Cache writes: append (row i of kv [n, 576] to slot slot_mapping[i] = page * page_size + offset)
+// and the bulk conversion of a 16-bit cache into an 8-bit one. One warp per row, no shared
+// memory. Negative slots are skipped; slots past the cache are reported (KF_DEVERR_SLOT_RANGE)
+// and skipped.
+//   16-bit caches: 16-byte copies (72 per row); a 2-byte path serves rows not 16-byte aligned.
+//   8-bit caches (quantize-on-write, core/kv_format8.h byte map): lane l holds latent values
+//   16 l .. 16 l + 15 in fp32, the warp reduces amax with fmaxf (exact, order-free: the same
+//   value as the CPU's loop), each lane quantizes its 16 values with core/quant.h (the CPU's
+//   code, so the bytes are identical) and stores them as one 16-byte write; lanes 0..7 write
+//   the rope (bf16), lane 0 the scale.
 #include <cstdint>
 
+#include "core/half_convert.h"
+#include "core/kv_format8.h"
 #include "core/mla_shape.h"
+#include "core/quant.h"
 #include "cuda/common/device_error.cuh"
 #include "cuda/launch.h"
 
@@ -35,19 +44,122 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
   for (int c = lane; c < kPerRow; c += 32) d[c] = s[c];
 }
 
+// One warp: the 576-value row `src` (16-byte aligned) into token `offset` of the 8-bit page.
+__device__ __forceinline__ void quantize_row_warp(const uint16_t* __restrict__ src, DType dtype,
+                                                  bool e4m3, int page_size,
+                                                  uint8_t* __restrict__ page_base, int offset,
+                                                  int lane) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  const uint4 a = __ldg(s + 2 * lane), b = __ldg(s + 2 * lane + 1);
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  float x[16];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    x[2 * k] = load_16(uint16_t(w[k] & 0xffffu), dtype);
+    x[2 * k + 1] = load_16(uint16_t(w[k] >> 16), dtype);
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  uint32_t q[4] = {0u, 0u, 0u, 0u};
+  float scale = 0.f;
+  if (amax != 0.f) {  // as quantize_latent: zeros and scale 0 otherwise
+    const float qmax = e4m3 ? kQmaxE4M3 : kQmaxInt8;
+    const float inv = qmax / amax;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const float y = x[k] * inv;
+      const uint32_t v = e4m3 ? float_to_e4m3(y) : uint8_t(float_to_int8_sat(y));
+      q[k / 4] |= v << (8 * (k % 4));
+    }
+    scale = amax / qmax;
+  }
+  *reinterpret_cast<uint4*>(page_base + kv8_latent_offset(page_size, offset) + 16 * lane) =
+      make_uint4(q[0], q[1], q[2], q[3]);
+  if (lane < 8) {  // rope: 64 values, 8 per lane, bf16 (an fp16 row is rounded, RNE)
+    uint4 r = __ldg(s + kLatentDim / 8 + lane);
+    if (dtype == DType::kFP16) {
+      uint32_t* rw = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        rw[k] = uint32_t(float_to_bf16(half_to_float(uint16_t(rw[k] & 0xffffu)))) |
+                (uint32_t(float_to_bf16(half_to_float(uint16_t(rw[k] >> 16)))) << 16);
+    }
+    *reinterpret_cast<uint4*>(page_base + kv8_rope_offset(page_size, offset) + 16 * lane) = r;
+  }
+  if (lane == 0) *reinterpret_cast<float*>(page_base + kv8_scale_offset(page_size, offset)) = scale;
+}
+
+__global__ void __launch_bounds__(kAppendWarps * 32)
+    cache_append_8bit_kernel(const __grid_constant__ CacheAppendParams p) {
+  const int i = blockIdx.x * kAppendWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (i >= p.num_tokens) return;
+  const int64_t slot = p.slot_mapping[i];
+  if (slot < 0) return;
+  if (slot >= (int64_t(p.num_pages) << p.page_shift)) {
+    if (lane == 0) report_device_error(p.error_buffer, kDevErrSlotRange, i, slot);
+    return;
+  }
+  const int64_t page = slot >> p.page_shift;
+  const int offset = int(slot & ((1 << p.page_shift) - 1));
+  quantize_row_warp(static_cast<const uint16_t*>(p.kv) + int64_t(i) * p.kv_row_stride, p.dtype,
+                    p.kv_format == KvFormat::kFP8E4M3, p.page_size,
+                    static_cast<uint8_t*>(p.cache) + page * p.cache_page_stride, offset, lane);
+}
+
+// Grid-stride over every slot of the cache: a cache may hold more rows than a grid has blocks.
+__global__ void __launch_bounds__(kAppendWarps * 32)
+    cache_convert_kernel(const __grid_constant__ CacheConvertParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t num_slots = int64_t(p.num_pages) << p.page_shift;
+  for (int64_t slot = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x >> 5); slot < num_slots;
+       slot += int64_t(gridDim.x) * kAppendWarps) {
+    const int64_t page = slot >> p.page_shift;
+    const int offset = int(slot & ((1 << p.page_shift) - 1));
+    quantize_row_warp(static_cast<const uint16_t*>(p.src) + page * p.src_page_stride +
+                          int64_t(offset) * p.src_token_stride,
+                      p.src_dtype, p.dst_format == KvFormat::kFP8E4M3, p.page_size,
+                      static_cast<uint8_t*>(p.dst) + page * p.dst_page_stride, offset, lane);
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 }  // namespace
 
 cudaError_t launch_cache_append(const CacheAppendParams& p, cudaStream_t stream) {
-  if (is_8bit(p.kv_format)) return cudaErrorNotSupported;  // 8-bit formats: a later issue
   if (p.num_tokens <= 0) return cudaSuccess;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.kv) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && p.kv_row_stride % 8 == 0 &&
-                       p.cache_page_stride % 8 == 0 && p.cache_token_stride % 8 == 0;
   const dim3 grid(ceil_div(p.num_tokens, kAppendWarps));
+  if (is_8bit(p.kv_format)) {
+    // The C API guarantees 16-byte aligned kv rows and pages (16-byte loads and stores here).
+    if (!aligned16(p.kv) || !aligned16(p.cache) || p.kv_row_stride % 8 != 0 ||
+        p.cache_page_stride % 16 != 0 || p.page_size % 16 != 0)
+      return cudaErrorInvalidValue;
+    cache_append_8bit_kernel<<<grid, kAppendWarps * 32, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const bool aligned = aligned16(p.kv) && aligned16(p.cache) && p.kv_row_stride % 8 == 0 &&
+                       p.cache_page_stride % 8 == 0 && p.cache_token_stride % 8 == 0;
   if (aligned)
     cache_append_kernel<uint4><<<grid, kAppendWarps * 32, 0, stream>>>(p);
   else
     cache_append_kernel<uint16_t><<<grid, kAppendWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cache_convert(const CacheConvertParams& p, cudaStream_t stream) {
+  if (!is_8bit(p.dst_format) || !aligned16(p.src) || !aligned16(p.dst) ||
+      p.src_page_stride % 8 != 0 || p.src_token_stride % 8 != 0 || p.dst_page_stride % 16 != 0 ||
+      p.page_size % 16 != 0)
+    return cudaErrorInvalidValue;
+  const int64_t num_slots = int64_t(p.num_pages) * p.page_size;
+  if (num_slots == 0) return cudaSuccess;
+  const int64_t blocks = (num_slots + kAppendWarps - 1) / kAppendWarps;
+  const dim3 grid(unsigned(blocks < 65536 ? blocks : 65536));
+  cache_convert_kernel<<<grid, kAppendWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

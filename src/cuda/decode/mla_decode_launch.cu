@@ -11,11 +11,30 @@ namespace {
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+template <typename T, int kFmt, class Tr16, class Tr32, class Tr64>
+cudaError_t run_decode_rows(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (p.num_rows <= Tr16::kBlockM) return run_mla_decode_sm80<Tr16, T, kFmt>(p, stream);
+  if (p.num_rows <= Tr32::kBlockM) return run_mla_decode_sm80<Tr32, T, kFmt>(p, stream);
+  return run_mla_decode_sm80<Tr64, T, kFmt>(p, stream);
+}
+
+template <typename T, int kFmt>
+cudaError_t run_decode_rows8(const MlaDecodeParams& p, cudaStream_t stream) {
+  if (p.num_rows <= MlaTraits8M16::kBlockM)
+    return run_mla_decode_sm80<MlaTraits8M16, T, kFmt>(p, stream);
+  return run_mla_decode_sm80<MlaTraits8M32, T, kFmt>(p, stream);
+}
+
 template <typename T>
 cudaError_t run_decode(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.num_rows <= MlaTraitsM16::kBlockM) return run_mla_decode_sm80<MlaTraitsM16, T>(p, stream);
-  if (p.num_rows <= MlaTraitsM32::kBlockM) return run_mla_decode_sm80<MlaTraitsM32, T>(p, stream);
-  return run_mla_decode_sm80<MlaTraitsM64, T>(p, stream);
+  switch (p.kv_format) {
+    case KvFormat::kFP8E4M3:
+      return run_decode_rows8<T, kKvFmtE4M3>(p, stream);
+    case KvFormat::kINT8:
+      return run_decode_rows8<T, kKvFmtInt8>(p, stream);
+    default:
+      return run_decode_rows<T, kKvFmt16, MlaTraitsM16, MlaTraitsM32, MlaTraitsM64>(p, stream);
+  }
 }
 
 }  // namespace
@@ -43,16 +62,18 @@ int mla_default_num_workers(int device, int num_rows) {
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (is_8bit(p.kv_format)) return cudaErrorNotSupported;  // 8-bit formats: a later issue
-  const bool fmt_ok = (p.dtype == DType::kBF16 && p.kv_format == KvFormat::kBF16) ||
-                      (p.dtype == DType::kFP16 && p.kv_format == KvFormat::kFP16);
+  // 8-bit caches take either q dtype; their pages are byte-addressed, sectioned (kv_format8.h).
+  const bool q8 = is_8bit(p.kv_format);
+  const bool fmt_ok = q8 ? p.page_size % 16 == 0 && p.kv_page_stride % 16 == 0
+                         : (p.dtype == DType::kBF16 && p.kv_format == KvFormat::kBF16) ||
+                               (p.dtype == DType::kFP16 && p.kv_format == KvFormat::kFP16);
   // What the kernels' vector accesses need (the C API guarantees it; checked again here because
   // a violation would be a misaligned access, not a wrong result).
   const bool layout_ok =
       fmt_ok && p.h_q >= 1 && p.h_q <= kMaxHeads && p.s_q >= 1 && p.s_q <= kMaxSq &&
       p.num_rows == p.s_q * p.h_q && p.num_workers >= 1 && p.page_size == (1 << p.page_shift) &&
       p.num_pages >= 1 && aligned(p.kv, 16) && p.kv_page_stride % 8 == 0 &&
-      p.kv_token_stride % 8 == 0 && aligned(p.q, 4) && p.q_batch_stride % 2 == 0 &&
+      (q8 || p.kv_token_stride % 8 == 0) && aligned(p.q, 4) && p.q_batch_stride % 2 == 0 &&
       p.q_seq_stride % 2 == 0 && p.q_head_stride % 2 == 0 && aligned(p.out, 4) &&
       p.o_batch_stride % 2 == 0 && p.o_seq_stride % 2 == 0 && p.o_head_stride % 2 == 0 &&
       aligned(p.o_accum, 16);

@@ -24,6 +24,16 @@
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, research/
 // run_decode_check.sh, log in research/h200-decode-check.log): h_q=16: 18.6 us at b=1, 3.18 TB/s
 // at b=64, 3.54 TB/s at b=128; h_q=128: 181-190 TFLOPS at b=64..128 (30% of mma.sync's 639).
+//
+// 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
+// token, 16-byte cp.async, the scale with a 4-byte one); tile k + 1 is dequantized into one of two
+// 16-bit staging tiles (kv8_dequant.cuh, exact values) while tile k runs through the unchanged
+// ldmatrix/mma path; the scale multiplies the latent part of each score and P (bf16 q: P as
+// hi + lo bf16; fp16 q: P normalized by the tile's largest scale). sm_86: 97712 B / 96224 B of
+// shared memory, 182-188 registers, no spills. Measured (H200, research/h200-kv8-check.log):
+// 0.58-0.82x the speed of bf16 at h_q = 16 (slower): each tile's serial chain (dequant pass, the
+// doubled PV of bf16 q) costs more than the halved bytes save at 16-token tiles and 4 warps per
+// block; the ring is not what limits it (27-33% of the read peak).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +46,8 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/decode/sm80/kv8_dequant.cuh"
+#include "cuda/decode/sm80/mla_decode_sm80.h"  // the declarations (default kFmt)
 #include "cuda/decode/sm80/mla_decode_traits.h"
 
 namespace kf::cuda {
@@ -67,8 +79,8 @@ __device__ void collect_pieces(const MlaDecodeParams& p, int w, int first, Piece
   const int32_t* wk = meta_worker(p.metadata, w);
   const bool sane = wk[kWStartReq] >= 0 && wk[kWStartReq] <= p.batch && wk[kWEndReq] >= 0 &&
                     wk[kWEndReq] <= p.batch && wk[kWStartTile] >= 0 &&
-                    wk[kWStartTile] < (1 << 24) && wk[kWEndTile] >= 0 &&
-                    wk[kWEndTile] < (1 << 24);
+                    wk[kWStartTile] <= (1 << 25) && wk[kWEndTile] >= 0 &&
+                    wk[kWEndTile] <= (1 << 25);  // 2^25 tiles of 64 hold INT32_MAX tokens
   if (!sane) {
     report_device_error(p.error_buffer, kDevErrMetadata, w, wk[kWStartReq]);
     counts[0] = counts[1] = 0;
@@ -124,9 +136,13 @@ __device__ void write_empty_rows(const MlaDecodeParams& p, int row0) {
   }
 }
 
-template <class Tr, typename T>
+template <class Tr, typename T, int kFmt>
 __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     mla_decode_sm80_kernel(const __grid_constant__ MlaDecodeParams p) {
+  static_assert(Tr::kKv8 == (kFmt != kKvFmt16), "8-bit formats use the 8-bit traits");
+  constexpr bool kKv8 = Tr::kKv8;
+  constexpr bool kScoreScale = kKv8;  // s = scale_t * q_lat.k_q + q_pe.k_pe
+  constexpr bool kPSplit = kv8_p_split<T, kFmt>(), kPNorm = kv8_p_norm<T, kFmt>();
   constexpr int kBlockN = Tr::kBlockN, kStages = Tr::kStages, kMFrags = Tr::kMFrags;
   constexpr int kNFrags = Tr::kNFrags, kQkSteps = Tr::kQkSteps, kPvFrags = Tr::kPvFrags;
   constexpr int kRowBytes = kHeadDim * 2;
@@ -172,12 +188,19 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const uint32_t qpe_smem = smem_u32(smem + Tr::kQpeOff);
 
   const T* kv = static_cast<const T*>(p.kv);
+  const uint8_t* kv8 = static_cast<const uint8_t*>(p.kv);
+  float* stage_scale = reinterpret_cast<float*>(smem + Tr::kScaleOff);
+  float* stage_smax = reinterpret_cast<float*>(smem + Tr::kScaleMaxOff);
+  float* unit_s = reinterpret_cast<float*>(smem + Tr::kUnitOff);
   const T* q = static_cast<const T*>(p.q);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
 
   // cp.async mapping: thread -> (token j of the tile, chunks c0, c0 + kTpt, ...).
   const int ld_tok = tid / kTpt, ld_c0 = tid % kTpt;
   const uint32_t ld_dst_off = ld_tok * kRowBytes + ((ld_c0 ^ (ld_tok & 7)) << 4);
+  // 8-bit ring tiles keep the page's sections (unswizzled: the dequant pass reads them in
+  // order): chunk c < 32 of a token is latent, 32..39 rope, and one 4-byte copy the scale.
+  static_assert(!kKv8 || 32 % kTpt == 0, "");
   static_assert(kTpt % 8 == 0, "the cp.async swizzle needs 8 threads per token at least");
   // Softmax mapping: thread -> (row srow of the block, tokens st0 .. st0 + kSoftTokens - 1).
   const int srow = g * Tr::kRowsPerGroup + d * Tr::kSoftRows + lane / kSoftTpr;
@@ -212,16 +235,38 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, e.req, page);
           ok = false;
         }
-        const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
-                                int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
-                          : kv;
-        // kTpt is a multiple of 8, so chunk c0 + k kTpt swizzles to (c0 ^ (j & 7)) + k kTpt.
-        const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes + ld_dst_off;
-        src += ld_c0 * 8;
+        if constexpr (kKv8) {
+          const int in_page = t & ((1 << p.page_shift) - 1);
+          const uint8_t* base = kv8 + (ok ? int64_t(page) * p.kv_page_stride : 0);
+          const uint8_t* lat = base + int64_t(in_page) * kLatentDim + ld_c0 * 16;
+          const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes;
 #pragma unroll
-        for (int k = 0; k < (Tr::kRowChunks + kTpt - 1) / kTpt; ++k) {
-          if (ld_c0 + k * kTpt < Tr::kRowChunks)
-            cp_async_16(dst + k * kTpt * 16, src + k * kTpt * 8, ok ? 16 : 0);
+          for (int k = 0; k < 32 / kTpt; ++k)
+            cp_async_16(dst + ld_tok * kLatentDim + (ld_c0 + k * kTpt) * 16, lat + k * kTpt * 16,
+                        ok ? 16 : 0);
+#pragma unroll
+          for (int k = 32 / kTpt; k < (Tr::kRowChunks8 + kTpt - 1) / kTpt; ++k) {
+            const int c = ld_c0 + k * kTpt - 32;  // rope chunk
+            if (c >= 0 && c < 8)
+              cp_async_16(dst + Tr::kKv8RopeOff + ld_tok * 128 + c * 16,
+                          base + (int64_t(p.page_size) * kLatentDim + in_page * 128) + c * 16,
+                          ok ? 16 : 0);
+          }
+          if (ld_c0 == kTpt - 1)
+            cp_async_4(dst + Tr::kKv8ScaleOff + ld_tok * 4,
+                       base + int64_t(p.page_size) * (kLatentDim + 128) + in_page * 4, ok ? 4 : 0);
+        } else {
+          const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
+                                  int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
+                            : kv;
+          // kTpt is a multiple of 8, so chunk c0 + k kTpt swizzles to (c0 ^ (j & 7)) + k kTpt.
+          const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes + ld_dst_off;
+          src += ld_c0 * 8;
+#pragma unroll
+          for (int k = 0; k < (Tr::kRowChunks + kTpt - 1) / kTpt; ++k) {
+            if (ld_c0 + k * kTpt < Tr::kRowChunks)
+              cp_async_16(dst + k * kTpt * 16, src + k * kTpt * 8, ok ? 16 : 0);
+          }
         }
         if (ld_c0 == 0) tok_ok[slot * kBlockN + ld_tok] = ok;
       }
@@ -252,6 +297,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       prod_page = pages[kStages - 1];
     }
     int read_slot = 0;  // the tile being consumed; the slot read before it is refilled
+    int stage_buf = 0;  // 8-bit: the staging tile holding read_slot's tile, dequantized
+    if constexpr (kKv8) {
+      // The round's first tile: each later tile is dequantized one iteration ahead.
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      dequant_tile<Tr, T, kFmt>(smem + Tr::kKvOff, smem + Tr::kStageOff, stage_scale, stage_smax,
+                                tid);
+    }
 
     for (int pi = 0; pi < n; ++pi) {
       const int tok_begin = pieces[pi].begin, tok_end = pieces[pi].end;
@@ -316,14 +369,29 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         const int row = row0 + srow;
         m_s[t] = -INFINITY;
         l_s[t] = 0.f;
+        if constexpr (kPNorm) unit_s[t] = 1.f;
         vis_s[t] = row < p.num_rows ? visible_len(pieces[pi].seqlen, p.s_q, row / p.h_q) : 0;
       }
 
       for (int tile_tok = tok_begin; tile_tok < tok_end; tile_tok += kBlockN) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();  // tile read_slot landed; slot write_slot is free (read last iteration)
+        // 16-bit: tile read_slot landed; the slot read last iteration is free. 8-bit: tiles
+        // read_slot and the next one landed; staging tile stage_buf is complete, the other one
+        // free (its PV finished last iteration).
+        cp_async_wait<kKv8 ? kStages - 3 : kStages - 2>();
+        __syncthreads();
 
-        const uint32_t tile = kv_smem + read_slot * Tr::kKvTileBytes;
+        uint32_t tile;
+        if constexpr (kKv8) {
+          const int next_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
+          dequant_tile<Tr, T, kFmt>(smem + Tr::kKvOff + next_slot * Tr::kKvTileBytes,
+                                    smem + Tr::kStageOff + (stage_buf ^ 1) * Tr::kTile16Bytes,
+                                    stage_scale + (stage_buf ^ 1) * kBlockN,
+                                    stage_smax + (stage_buf ^ 1), fresh_tid());
+          tile = smem_u32(smem + Tr::kStageOff) + stage_buf * Tr::kTile16Bytes;
+        } else {
+          tile = kv_smem + read_slot * Tr::kKvTileBytes;
+        }
+        const float* tile_scale = stage_scale + stage_buf * kBlockN;
 
         // ---- 1. partial scores over this warp's 144 dims ----
         {
@@ -351,6 +419,27 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
                 ldmatrix_x4(qpe[mf], qpe_smem + r * 128 + (((2 * d + (lane >> 4)) ^ (r & 7)) << 4));
               }
             }
+            if constexpr (kScoreScale) {
+              if (ks == kQkSteps - 1) {
+                // The latent steps are done: s = scale_t * (q_lat . k_q), then the rope adds.
+#pragma unroll
+                for (int nf = 0; nf < kNFrags; ++nf) {
+                  const float2 sc2 =
+                      *reinterpret_cast<const float2*>(tile_scale + nf * 8 + 2 * (lane & 3));
+#pragma unroll
+                  for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                      float v = s_acc[0][mf][nf][k];
+                      if (kAccSets == 2) {
+                        v += s_acc[kAccSets - 1][mf][nf][k];
+                        s_acc[kAccSets - 1][mf][nf][k] = 0.f;
+                      }
+                      s_acc[0][mf][nf][k] = v * ((k & 1) ? sc2.y : sc2.x);
+                    }
+                }
+              }
+            }
 #pragma unroll
             for (int np = 0; np < kNFrags / 2; ++np) {
               uint32_t b[4];
@@ -358,8 +447,11 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 #pragma unroll
               for (int mf = 0; mf < kMFrags; ++mf) {
                 const uint32_t(&a)[4] = ks == kQkSteps - 1 ? qpe[mf] : qf[mf][ks < kQkSteps - 1 ? ks : 0];
-                mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np], a, b[0], b[1]);
-                mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np + 1], a, b[2], b[3]);
+                // (8-bit, bf16: the rope step goes to set 0, which holds the scaled latent.)
+                constexpr int kSetRope = 0;
+                const int set = (kScoreScale && ks == kQkSteps - 1) ? kSetRope : ks % kAccSets;
+                mma_16816<T>(s_acc[set][mf][2 * np], a, b[0], b[1]);
+                mma_16816<T>(s_acc[set][mf][2 * np + 1], a, b[2], b[3]);
               }
             }
           }
@@ -433,12 +525,37 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
           l_s[tid] = l_run * alpha + ps;
           m_s[tid] = m_new;
-          if (lane % kSoftTpr == 0) alpha_s[srow] = alpha;
+          float o_alpha = alpha;
+          if constexpr (kPNorm) {
+            // O moves to units of this tile's largest scale (a tile of unloaded tokens keeps
+            // the old unit); P <= 1 stays out of fp16's subnormals.
+            const float unit_prev = unit_s[tid], smax = stage_smax[stage_buf];
+            const float unit = smax > 0.f ? smax : unit_prev;
+            const float inv_unit = 1.f / unit;
+            o_alpha = alpha * (unit_prev * inv_unit);
+            unit_s[tid] = unit;
+#pragma unroll
+            for (int k = 0; k < kSoftTokens; ++k) sc[k] *= tile_scale[st0 + k] * inv_unit;
+          }
+          if (lane % kSoftTpr == 0) alpha_s[srow] = o_alpha;
           uint8_t* pdst = smem + Tr::kPOff + srow * kBlockN * 2 +
                           (((st0 >> 3) ^ p_swizzle<kBlockN>(srow)) << 4) + (st0 & 7) * 2;
+          // 8-bit: PV multiplies the unscaled staged values, P carries the token scales (zero for
+          // tokens not loaded, so no 0 * NaN). The row sum above used the unscaled p.
+          if constexpr (kPSplit) {
 #pragma unroll
-          for (int k = 0; k < kSoftTokens; k += 2)
-            *reinterpret_cast<uint32_t*>(pdst + k * 2) = pack2<T>(sc[k], sc[k + 1]);
+            for (int k = 0; k < kSoftTokens; ++k) sc[k] *= tile_scale[st0 + k];
+          }
+#pragma unroll
+          for (int k = 0; k < kSoftTokens; k += 2) {
+            const uint32_t hi = pack2<T>(sc[k], sc[k + 1]);
+            *reinterpret_cast<uint32_t*>(pdst + k * 2) = hi;
+            if constexpr (kPSplit) {  // the bf16 rounding error of P, as a second bf16 P
+              const float r0 = sc[k] - __uint_as_float(hi << 16);
+              const float r1 = sc[k + 1] - __uint_as_float(hi & 0xffff0000u);
+              *reinterpret_cast<uint32_t*>(pdst + Tr::kBlockM * kBlockN * 2 + k * 2) = pack2<T>(r0, r1);
+            }
+          }
         }
         named_barrier(1 + g, Tr::kDimGroups * 32);
 
@@ -475,6 +592,15 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
               ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
             }
+            uint32_t pl[kPSplit ? kMFrags : 1][4];
+            if constexpr (kPSplit) {
+#pragma unroll
+              for (int mf = 0; mf < kMFrags; ++mf) {
+                const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+                const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
+                ldmatrix_x4(pl[mf], p_smem + Tr::kBlockM * kBlockN * 2 + r * kBlockN * 2 + (chunk << 4));
+              }
+            }
             // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
             // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
             const uint32_t v_addr = tile + (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
@@ -487,11 +613,16 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               for (int mf = 0; mf < kMFrags; ++mf) {
                 mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
                 mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
+                if constexpr (kPSplit) {
+                  mma_16816<T>(o_acc[mf][2 * j], pl[mf], b[0], b[1]);
+                  mma_16816<T>(o_acc[mf][2 * j + 1], pl[mf], b[2], b[3]);
+                }
               }
             }
           }
         }
         read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
+        stage_buf ^= 1;
       }
 
       // ---- epilogue: normalize by the row sums, write out/lse or the split partials ----
@@ -507,7 +638,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         if (lane % kSoftTpr == 0) {
           const float m_run = m_s[fresh_tid()];
           const bool empty = !(l > 0.f);
-          inv_l_s[srow] = empty ? 0.f : 1.f / l;
+          float unit = 1.f;  // fp16 q on an 8-bit cache: O is in units of the last tile's scale
+          if constexpr (kPNorm) unit = unit_s[fresh_tid()];
+          inv_l_s[srow] = empty ? 0.f : unit / l;
           const int row = row0 + srow;
           if (row < p.num_rows && e.write != kWriteNone) {
             const float lse = empty ? -INFINITY : (m_run + __log2f(l)) * 0.6931471805599453f;
@@ -555,9 +688,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 }
 
 // Launch one configuration; the attribute is set per call (cheap, allowed during capture).
-template <class Tr, typename T>
+template <class Tr, typename T, int kFmt>
 cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
-  auto kernel = mla_decode_sm80_kernel<Tr, T>;
+  auto kernel = mla_decode_sm80_kernel<Tr, T, kFmt>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -569,11 +702,11 @@ cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
 // Blocks of this configuration that fit on one SM of `device` (2 on sm_90 for the 16- and
 // 32-row tiles: a second block hides the first one's per-tile latency; 1 on sm_80/86/89), from
 // the kernel's registers and shared memory and the device's per-SM limits.
-template <class Tr, typename T>
+template <class Tr, typename T, int kFmt>
 int mla_decode_sm80_blocks_per_sm(int device) {
   cudaFuncAttributes a;
   int smem_sm = 0, regs_sm = 0, threads_sm = 0, reserved = 0;
-  if (cudaFuncGetAttributes(&a, mla_decode_sm80_kernel<Tr, T>) != cudaSuccess ||
+  if (cudaFuncGetAttributes(&a, mla_decode_sm80_kernel<Tr, T, kFmt>) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
           cudaSuccess ||
       cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) !=

@@ -5,6 +5,11 @@
 // kBlockN tokens. Warps form kRowGroups x kDimGroups: a warp holds kMFrags x 16 rows; for QK it
 // owns 144 of the 576 dims (split-K, partial scores reduced through shared memory), for PV it owns
 // 128 of the 512 output dims. Every warp works on every KV tile.
+//
+// 8-bit caches (kKv8): the ring holds tiles in the page's own sectioned layout (kBlockN x 512
+// latent bytes | kBlockN x 128 rope bytes | kBlockN fp32 scales, 644 B per token), and two 16-bit
+// staging tiles in the 16-bit ring's layout take the dequantized tile the mma path reads: tile
+// k + 1 is dequantized while tile k is consumed, so no extra barrier per tile.
 #pragma once
 
 #include "core/mla_shape.h"
@@ -13,8 +18,9 @@ namespace kf::cuda {
 
 constexpr int kSm86MaxSmemPerBlock = 101376;  // 99 KiB opt-in: the smallest of sm_80/86/89/90
 
-template <int kMFrags_, int kRowGroups_, int kBlockN_, int kStages_>
+template <int kMFrags_, int kRowGroups_, int kBlockN_, int kStages_, bool kKv8_ = false>
 struct MlaDecodeTraits {
+  static constexpr bool kKv8 = kKv8_;
   static constexpr int kMFrags = kMFrags_;  // 16-row mma fragments per warp
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kDimGroups = 4;
@@ -30,7 +36,8 @@ struct MlaDecodeTraits {
   static constexpr int kPvDims = kLatentDim / kDimGroups;   // 128 output dims per warp
   static constexpr int kPvFrags = kPvDims / 8;              // n8 fragments
   static constexpr int kNFrags = kBlockN / 8;               // n8 fragments of a score tile
-  static constexpr int kRowChunks = kHeadDim * 2 / 16;      // 16-byte chunks per cache row
+  static constexpr int kRowChunks = kHeadDim * 2 / 16;      // 16-byte chunks per 16-bit row
+  static constexpr int kRowChunks8 = (kLatentDim + kRopeDim * 2) / 16;  // 8-bit: latent + rope
   static constexpr int kThreadsPerToken = kNumThreads / kBlockN;  // cp.async issue mapping
 
   // Softmax stage: each warp of a row group finishes kSoftRows rows of the group's scores.
@@ -40,14 +47,21 @@ struct MlaDecodeTraits {
 
   static constexpr int kMaxPieces = 8;  // pieces of a worker staged in shared memory at once
 
-  // Shared memory (bytes), all dynamic: KV ring | partial scores | P | row stats (alpha, 1/l,
-  // running max and sum, causal limit) | token flags | q_pe | piece list.
-  static constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
+  // Shared memory (bytes), all dynamic: KV ring | 16-bit staging (8-bit caches) | partial scores
+  // | P | row stats (alpha, 1/l, running max and sum, causal limit) | token flags | q_pe |
+  // staged scales (8-bit) | piece list.
+  static constexpr int kTile16Bytes = kBlockN * kHeadDim * 2;  // a tile as the mma path reads it
+  static constexpr int kKvTileBytes = kKv8 ? kBlockN * kBytesPerToken8bit : kTile16Bytes;
+  static constexpr int kKv8RopeOff = kBlockN * kLatentDim;         // inside an 8-bit ring tile
+  static constexpr int kKv8ScaleOff = kBlockN * (kLatentDim + kRopeDim * 2);
   static constexpr int kKvOff = 0;
-  static constexpr int kSpartOff = kKvOff + kStages * kKvTileBytes;
+  static constexpr int kStageOff = kKvOff + kStages * kKvTileBytes;
+  static constexpr int kStageBytes = kKv8 ? 2 * kTile16Bytes : 0;
+  static constexpr int kSpartOff = kStageOff + kStageBytes;
   static constexpr int kSpartBytes = kDimGroups * kBlockM * kBlockN * 4;
   static constexpr int kPOff = kSpartOff + kSpartBytes;
-  static constexpr int kPBytes = kBlockM * kBlockN * 2;
+  // 8-bit, bf16 q: P as hi + lo bf16 pairs (the second half), see kv8_dequant.cuh.
+  static constexpr int kPBytes = kBlockM * kBlockN * 2 * (kKv8 ? 2 : 1);
   static constexpr int kAlphaOff = kPOff + kPBytes;
   static constexpr int kInvLOff = kAlphaOff + kBlockM * 4;
   static constexpr int kRowMaxOff = kInvLOff + kBlockM * 4;  // softmax state: one slot per thread
@@ -57,7 +71,14 @@ struct MlaDecodeTraits {
   static constexpr int kTokOkBytes = (kStages * kBlockN + 15) / 16 * 16;
   static constexpr int kQpeOff = kTokOkOff + kTokOkBytes;  // q_pe of the block's rows
   static constexpr int kQpeBytes = kBlockM * kRopeDim * 2;
-  static constexpr int kPieceOff = kQpeOff + kQpeBytes;
+  // 8-bit only: staged scales [2][kBlockN] fp32 and their maxima [2] (+ pad). The unit of each
+  // softmax thread's O accumulator (fp16 q: P is normalized by the tile's largest scale) shares
+  // the second half of P, which only bf16 q uses.
+  static constexpr int kScaleOff = kQpeOff + kQpeBytes;
+  static constexpr int kScaleMaxOff = kScaleOff + 2 * kBlockN * 4;
+  static constexpr int kUnitOff = kPOff + kBlockM * kBlockN * 2;
+  static constexpr int kScaleBytes = kKv8 ? 2 * kBlockN * 4 + 16 : 0;
+  static constexpr int kPieceOff = kScaleOff + kScaleBytes;
   static constexpr int kPieceBytes = kMaxPieces * 32 + 16;  // + count words
   static constexpr int kSmemBytes = kPieceOff + kPieceBytes;
 
@@ -65,12 +86,19 @@ struct MlaDecodeTraits {
   static_assert(kHeadDim % (kDimGroups * 16) == 0 && kLatentDim % (kDimGroups * 16) == 0, "");
   static_assert(kBlockN == 16 || kBlockN == 32, "score swizzles are written for 16 or 32 tokens");
   static_assert(kNumThreads % kBlockN == 0 && kSoftTokens >= 2, "");
-  static_assert(kStages >= 2, "");
+  static_assert(kStages >= (kKv8 ? 3 : 2), "8-bit: tiles k and k + 1 resident while k + 2 loads");
+  static_assert(!kKv8 || kBlockM * kBlockN * 2 >= kNumThreads * 4, "the fp16 units fit P's half");
+  static_assert(kKvTileBytes % 16 == 0 && kKv8RopeOff % 16 == 0 && kKv8ScaleOff % 16 == 0, "");
 };
 
 // The instantiated configurations, picked by the number of query rows (s_q * h_q).
 using MlaTraitsM16 = MlaDecodeTraits<1, 1, 16, 5>;  // <= 16 rows: memory-bound (h_q = 16)
 using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;  // 17..32 rows
 using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3>;  // > 32 rows: compute-bound (h_q = 128)
+// 8-bit caches: the ring is as deep as sm_86's budget allows beside the staging. Warps hold one
+// 16-row fragment (the dequantized scores and the hi/lo P need the registers two would take
+// without spilling on sm_86): more than 16 rows run in 32-row tiles of 8 warps.
+using MlaTraits8M16 = MlaDecodeTraits<1, 1, 16, 5, true>;  // <= 16 rows
+using MlaTraits8M32 = MlaDecodeTraits<1, 2, 16, 4, true>;  // > 16 rows, 32 per block
 
 }  // namespace kf::cuda

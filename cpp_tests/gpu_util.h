@@ -1,0 +1,78 @@
+// What the GPU tests share: the skip rule, device copies of host tensors, and a decode problem
+// living on the device. Every GPU test skips with a reason where the build has no CUDA or no
+// device is visible, so the binary builds and lists them on any machine.
+#pragma once
+
+#include "test_util.h"
+
+#if KF_TESTS_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#define KF_REQUIRE_GPU()                                                       \
+  do {                                                                         \
+    if (kf_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
+  } while (0)
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#else
+#define KF_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA (KF_WITH_CUDA=OFF)"
+#endif
+
+#if KF_TESTS_WITH_CUDA
+namespace kft {
+
+// A device copy of a HostTensor on cuda:0: same dtype, shape and strides, uploaded whole.
+class DeviceTensor {
+ public:
+  explicit DeviceTensor(HostTensor& h) : bytes_(h.bytes()) {
+    if (cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
+    if (ptr_) cudaMemcpy(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice);
+    t_ = *h.dl();
+    t_.data = ptr_;
+    t_.device = DLDevice{kDLCUDA, 0};
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DLTensor* dl() { return &t_; }
+  bool ok() const { return ptr_ != nullptr; }
+  size_t bytes() const { return bytes_; }
+  void* ptr() { return ptr_; }
+  cudaError_t upload(HostTensor& h, cudaStream_t s = nullptr) {
+    return cudaMemcpyAsync(ptr_, h.ptr<uint8_t>(), bytes_, cudaMemcpyHostToDevice, s);
+  }
+  cudaError_t download(HostTensor& h) {
+    return cudaMemcpy(h.ptr<uint8_t>(), ptr_, bytes_, cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+  DLTensor t_{};
+};
+
+// All decode tensors of a Built problem on the device; the host copies stay the CPU's inputs.
+struct DeviceProblem {
+  explicit DeviceProblem(Built& b)
+      : q(b.q_t), cache(b.cache), block_table(b.block_table), cache_seqlens(b.cache_seqlens),
+        metadata(b.metadata), out(b.out), lse(b.lse), workspace(b.workspace) {}
+  bool ok() const {
+    return q.ok() && cache.ok() && block_table.ok() && cache_seqlens.ok() && metadata.ok() &&
+           out.ok() && lse.ok() && workspace.ok();
+  }
+  kf_status metadata_call(const Problem& pr, void* stream = nullptr) {
+    return kf_mla_metadata(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, metadata.dl(),
+                           stream);
+  }
+  kf_status decode(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr,
+                   void* stream = nullptr, DLTensor* kv_cache = nullptr) {
+    return kf_mla_decode(q.dl(), kv_cache ? kv_cache : cache.dl(), fmt, block_table.dl(),
+                         cache_seqlens.dl(), metadata.dl(), pr.scale, out.dl(), lse.dl(),
+                         workspace.dl(), eb, stream);
+  }
+  DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
+};
+
+}  // namespace kft
+#endif  // KF_TESTS_WITH_CUDA

@@ -1,0 +1,10 @@
+// MLA decode, fp16 q, 8-bit caches (e4m3 and int8), MlaTraits8M32, > 16 rows (see mla_decode_traits.h).
+#include "cuda/decode/sm80/mla_decode_kernel.cuh"
+#include "cuda/decode/sm80/mla_decode_sm80.h"
+
+namespace kf::cuda {
+template cudaError_t run_mla_decode_sm80<MlaTraits8M32, __half, kKvFmtE4M3>(const MlaDecodeParams&, cudaStream_t);
+template cudaError_t run_mla_decode_sm80<MlaTraits8M32, __half, kKvFmtInt8>(const MlaDecodeParams&, cudaStream_t);
+template int mla_decode_sm80_blocks_per_sm<MlaTraits8M32, __half, kKvFmtE4M3>(int);
+template int mla_decode_sm80_blocks_per_sm<MlaTraits8M32, __half, kKvFmtInt8>(int);
+}  // namespace kf::cuda
