@@ -30,7 +30,7 @@ if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
          note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"; } \
     || note "ctest build: FAILED (see cmake.log)"
   grep -E "Failed|FAILED|Skipped" "$OUT/ctest.log" | head -20
-  python3 -m pytest -q -m gpu tests -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+  python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
   note "pytest gpu: $(tail -1 "$OUT/pytest_gpu.log")"
   python3 -m kernelflow demo 2>&1 | tail -8
 fi
@@ -48,6 +48,8 @@ if [[ " $modes " == *" sanitize "* || " $modes " == *" all "* ]]; then
   fi
 fi
 
+# The device tool brings back at most 8 files: pack the logs into one.
+(cd "$OUT" && tar czf logs.tgz ./*.log 2>/dev/null && rm -f ./*.log)
 echo
 echo "==== summary ($(cat "$OUT/gpu.txt"), $(( $(date +%s) - t0 )) s) ===="
 printf '%s\n' "${summary[@]}"

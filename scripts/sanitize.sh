@@ -81,6 +81,12 @@ for tool in $tools; do
   rc=$?
   secs=$(( $(date +%s) - t0 ))
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log" | tail -1 | grep -oE '[0-9]+')
+  # racecheck closes with "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" instead;
+  # its errors count (warnings are benign hazards compute-sanitizer does not call errors).
+  if [ -z "$errors" ]; then
+    errors=$(grep -oE 'RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?' "$log" |
+             tail -1 | grep -oE '\([0-9]+' | tr -d '(')
+  fi
   passed=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
   failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
   skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
