@@ -14,16 +14,21 @@
 //      scale*log2e folded in) and stores P (q dtype) and the rescale factor alpha per row.
 //   3. PV: warp (g, d) rescales O[its rows, 128 dims: 16-dim blocks d, d+4, ..., d+28] by alpha
 //      and adds P V, V being the first 512 dims of the same shared-memory tile (ldmatrix.trans).
-// Memory: a kStages-deep cp.async ring of KV tiles, zero-filled (src-size 0) past a piece's end
+//      M64 (kDeferPv): row group 1 runs step 3 one tile late, overlapping its mma work with
+//      group 0's softmax.
+// Memory: a kStages-deep cp.async ring of KV tiles (kAhead ahead of the one consumed; M16 loads
+// 32-token tiles, two tokens per loading thread), zero-filled (src-size 0) past a piece's end
 // and on bad pages so no NaN in page padding reaches an mma; 16-byte chunks XOR-swizzled by the
 // token (a 1152-byte row stride would put the 8 rows of an ldmatrix in one bank group). The ring
 // runs across piece boundaries: a worker's next piece streams in while the current one finishes.
 // Shared memory: kStages * kBlockN * 1152 B of KV + 4 * kBlockM * kBlockN * 4 B of partial scores
 // + P, q_pe and row stats; every configuration fits sm_86's 101376 bytes (static_assert in the
-// traits): M16 100832 B, M32 89168 B, M64 85824 B. Registers (sm_86): 175 / 255 / 255, no spills.
-// Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, research/
-// run_decode_check.sh, log in research/h200-decode-check.log): h_q=16: 18.6 us at b=1, 3.18 TB/s
-// at b=64, 3.54 TB/s at b=128; h_q=128: 181-190 TFLOPS at b=64..128 (30% of mma.sync's 639).
+// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 203 / 255 / 255, no spills.
+// Measured before the research/perf port (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA
+// graph, research/run_decode_check.sh, log in research/h200-decode-check.log): h_q=16: 18.6 us
+// at b=1, 3.18 TB/s at b=64, 3.54 TB/s at b=128; h_q=128: 181-190 TFLOPS at b=64..128 (30% of
+// mma.sync's 639). The port (research/perf/NOTES.md, v5) measured there: h_q=128 -7%, h_q=16
+// b=64 -2.6%, b=1 -5%; not yet re-measured in this tree.
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one); tile k + 1 is dequantized into one of two
@@ -149,7 +154,11 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   constexpr int kTpt = Tr::kThreadsPerToken;
   constexpr int kSoftTokens = Tr::kSoftTokens, kSoftTpr = Tr::kSoftThreadsPerRow;
   // Two accumulator sets halve the dependent mma chain when a warp has one row fragment.
-  constexpr int kAccSets = kMFrags == 1 ? 2 : 1;
+  // (A 32-token tile already has four independent n8 chains.)
+  constexpr int kAccSets = (kMFrags == 1 && kBlockN == 16) ? 2 : 1;
+  constexpr int kRep = Tr::kTokPerThread, kTokStride = Tr::kTokStride;
+  constexpr int kAhead = Tr::kAhead;
+  struct Pages { int v[kRep]; };  // a loading thread's page, one per token it loads
 
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -195,7 +204,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const T* q = static_cast<const T*>(p.q);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
 
-  // cp.async mapping: thread -> (token j of the tile, chunks c0, c0 + kTpt, ...).
+  // cp.async mapping: thread -> (tokens j + r kTokStride of the tile, chunks c0, c0 + kTpt, ...).
   const int ld_tok = tid / kTpt, ld_c0 = tid % kTpt;
   const uint32_t ld_dst_off = ld_tok * kRowBytes + ((ld_c0 ^ (ld_tok & 7)) << 4);
   // 8-bit ring tiles keep the page's sections (unswizzled: the dequant pass reads them in
@@ -218,18 +227,29 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         if (pi < n) tok = pieces[pi].begin;
       }
     };
-    auto load_page = [&](int pi, int tok) -> int {
-      if (pi >= n) return 0;
-      const PieceRun& e = pieces[pi];
-      const int t = tok + ld_tok;
-      if (t >= e.end) return 0;
-      return __ldg(p.block_table + int64_t(e.req) * p.block_table_batch_stride +
-                   (t >> p.page_shift));
+    auto load_page = [&](int pi, int tok) -> Pages {
+      Pages pg;
+#pragma unroll
+      for (int r = 0; r < kRep; ++r) {
+        pg.v[r] = 0;
+        if (pi < n) {
+          const PieceRun& e = pieces[pi];
+          const int t = tok + ld_tok + r * kTokStride;
+          if (t < e.end)
+            pg.v[r] = __ldg(p.block_table + int64_t(e.req) * p.block_table_batch_stride +
+                            (t >> p.page_shift));
+        }
+      }
+      return pg;
     };
-    auto issue = [&](int pi, int tok, int page, int slot) {
-      if (pi < n) {
+    auto issue = [&](int pi, int tok, const Pages& pg, int slot) {
+#pragma unroll
+      for (int r = 0; r < kRep; ++r) {
+        if (pi >= n) break;
         const PieceRun& e = pieces[pi];
-        const int t = tok + ld_tok;
+        const int tj = ld_tok + r * kTokStride;  // token of the tile
+        const int t = tok + tj;
+        const int page = pg.v[r];
         bool ok = t < e.end;
         if (ok && (page < 0 || page >= p.num_pages)) {
           if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, e.req, page);
@@ -242,25 +262,26 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes;
 #pragma unroll
           for (int k = 0; k < 32 / kTpt; ++k)
-            cp_async_16(dst + ld_tok * kLatentDim + (ld_c0 + k * kTpt) * 16, lat + k * kTpt * 16,
+            cp_async_16(dst + tj * kLatentDim + (ld_c0 + k * kTpt) * 16, lat + k * kTpt * 16,
                         ok ? 16 : 0);
 #pragma unroll
           for (int k = 32 / kTpt; k < (Tr::kRowChunks8 + kTpt - 1) / kTpt; ++k) {
             const int c = ld_c0 + k * kTpt - 32;  // rope chunk
             if (c >= 0 && c < 8)
-              cp_async_16(dst + Tr::kKv8RopeOff + ld_tok * 128 + c * 16,
+              cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + c * 16,
                           base + (int64_t(p.page_size) * kLatentDim + in_page * 128) + c * 16,
                           ok ? 16 : 0);
           }
           if (ld_c0 == kTpt - 1)
-            cp_async_4(dst + Tr::kKv8ScaleOff + ld_tok * 4,
+            cp_async_4(dst + Tr::kKv8ScaleOff + tj * 4,
                        base + int64_t(p.page_size) * (kLatentDim + 128) + in_page * 4, ok ? 4 : 0);
         } else {
           const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
                                   int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
                             : kv;
           // kTpt is a multiple of 8, so chunk c0 + k kTpt swizzles to (c0 ^ (j & 7)) + k kTpt.
-          const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes + ld_dst_off;
+          const uint32_t dst =
+              kv_smem + slot * Tr::kKvTileBytes + ld_dst_off + r * kTokStride * kRowBytes;
           src += ld_c0 * 8;
 #pragma unroll
           for (int k = 0; k < (Tr::kRowChunks + kTpt - 1) / kTpt; ++k) {
@@ -268,20 +289,21 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               cp_async_16(dst + k * kTpt * 16, src + k * kTpt * 8, ok ? 16 : 0);
           }
         }
-        if (ld_c0 == 0) tok_ok[slot * kBlockN + ld_tok] = ok;
+        if (ld_c0 == 0) tok_ok[slot * kBlockN + tj] = ok;
       }
       cp_async_commit();
     };
 
     int prod_pi = 0, prod_tok = n > 0 ? pieces[0].begin : 0;
     normalize(prod_pi, prod_tok);
-    int prod_page;
+    Pages prod_page;
     {
-      // Prologue: look up the pages of the first kStages tiles together (one latency, not
-      // kStages), then start kStages - 1 of them.
-      int pis[kStages], toks[kStages], pages[kStages];
+      // Prologue: look up the pages of the first kAhead + 1 tiles together (one latency, not
+      // kAhead + 1), then start kAhead of them.
+      int pis[kAhead + 1], toks[kAhead + 1];
+      Pages pages[kAhead + 1];
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) {
+      for (int s = 0; s <= kAhead; ++s) {
         pis[s] = prod_pi;
         toks[s] = prod_tok;
         pages[s] = load_page(prod_pi, prod_tok);
@@ -291,16 +313,16 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         }
       }
 #pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) issue(pis[s], toks[s], pages[s], s);
-      prod_pi = pis[kStages - 1];
-      prod_tok = toks[kStages - 1];
-      prod_page = pages[kStages - 1];
+      for (int s = 0; s < kAhead; ++s) issue(pis[s], toks[s], pages[s], s);
+      prod_pi = pis[kAhead];
+      prod_tok = toks[kAhead];
+      prod_page = pages[kAhead];
     }
-    int read_slot = 0;  // the tile being consumed; the slot read before it is refilled
+    int read_slot = 0;  // the tile being consumed; slot read_slot + kAhead is refilled
     int stage_buf = 0;  // 8-bit: the staging tile holding read_slot's tile, dequantized
     if constexpr (kKv8) {
       // The round's first tile: each later tile is dequantized one iteration ahead.
-      cp_async_wait<kStages - 2>();
+      cp_async_wait<kAhead - 1>();
       __syncthreads();
       dequant_tile<Tr, T, kFmt>(smem + Tr::kKvOff, smem + Tr::kStageOff, stage_scale, stage_smax,
                                 tid);
@@ -373,12 +395,82 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         vis_s[t] = row < p.num_rows ? visible_len(pieces[pi].seqlen, p.s_q, row / p.h_q) : 0;
       }
 
+      // ---- 3. O = alpha * O + P V over this warp's 128 output dims, for the 16-bit tile at
+      // `tile` (a lambda: kDeferPv's row group 1 runs it for the previous tile) ----
+      auto pv = [&](const uint32_t tile) {
+        // Once the running max settles alpha is exactly 1: skipping the multiply is then
+        // bit-identical and saves 64 kMFrags instructions per tile.
+        float a[kMFrags][2];
+        bool rescale = false;
+#pragma unroll
+        for (int mf = 0; mf < kMFrags; ++mf) {
+          const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2);
+          a[mf][0] = alpha_s[r];
+          a[mf][1] = alpha_s[r + 8];
+          rescale = rescale || a[mf][0] != 1.f || a[mf][1] != 1.f;
+        }
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+          for (int mf = 0; mf < kMFrags; ++mf)
+#pragma unroll
+            for (int nf = 0; nf < kPvFrags; ++nf) {
+              o_acc[mf][nf][0] *= a[mf][0];
+              o_acc[mf][nf][1] *= a[mf][0];
+              o_acc[mf][nf][2] *= a[mf][1];
+              o_acc[mf][nf][3] *= a[mf][1];
+            }
+        }
+#pragma unroll
+        for (int kt = 0; kt < kBlockN / 16; ++kt) {
+          uint32_t pa[kMFrags][4];
+#pragma unroll
+          for (int mf = 0; mf < kMFrags; ++mf) {
+            const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+            const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
+            ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
+          }
+          uint32_t pl[kPSplit ? kMFrags : 1][4];
+          if constexpr (kPSplit) {
+#pragma unroll
+            for (int mf = 0; mf < kMFrags; ++mf) {
+              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+              const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
+              ldmatrix_x4(pl[mf], p_smem + Tr::kBlockM * kBlockN * 2 + r * kBlockN * 2 + (chunk << 4));
+            }
+          }
+          // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
+          // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
+          const uint32_t v_addr = tile + (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
+                                  (((2 * d + (lane >> 4)) ^ (lane & 7)) << 4);
+#pragma unroll
+          for (int j = 0; j < kPvFrags / 2; ++j) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_addr + j * 128);
+#pragma unroll
+            for (int mf = 0; mf < kMFrags; ++mf) {
+              mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
+              mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
+              if constexpr (kPSplit) {
+                mma_16816<T>(o_acc[mf][2 * j], pl[mf], b[0], b[1]);
+                mma_16816<T>(o_acc[mf][2 * j + 1], pl[mf], b[2], b[3]);
+              }
+            }
+          }
+        }
+      };
+
       for (int tile_tok = tok_begin; tile_tok < tok_end; tile_tok += kBlockN) {
-        // 16-bit: tile read_slot landed; the slot read last iteration is free. 8-bit: tiles
+        // 16-bit: tile read_slot landed; slot read_slot + kAhead (the tile before the previous
+        // one with kDeferPv, else the previous one) is free. 8-bit: tiles
         // read_slot and the next one landed; staging tile stage_buf is complete, the other one
         // free (its PV finished last iteration).
-        cp_async_wait<kKv8 ? kStages - 3 : kStages - 2>();
+        cp_async_wait<kKv8 ? kAhead - 2 : kAhead - 1>();
         __syncthreads();
+        // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
+        // and alpha rows are its own, and softmax(t) rewrites them only after the group's
+        // barrier behind QK(t), which every warp of the group passes after this.
+        if (Tr::kDeferPv && g == 1 && tile_tok != tok_begin)
+          pv(kv_smem + ((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
 
         uint32_t tile;
         if constexpr (kKv8) {
@@ -455,9 +547,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               }
             }
           }
-          // Refill the slot read last iteration (everyone passed this tile's __syncthreads) while
+          // Refill the free slot (everyone passed this tile's __syncthreads) while
           // the mma results are in flight.
-          issue(prod_pi, prod_tok, prod_page, read_slot == 0 ? kStages - 1 : read_slot - 1);
+          issue(prod_pi, prod_tok, prod_page, (read_slot + kAhead) % kStages);
           if (prod_pi < n) {
             prod_tok += kBlockN;
             normalize(prod_pi, prod_tok);
@@ -514,6 +606,10 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
 #pragma unroll
           for (int o = 1; o < kSoftTpr; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          // The running max follows every tile's max exactly, so the dominant token's P is
+          // exactly 1 in bf16. A lazy max (moving only past +8 in log2 units) measured 7% faster
+          // at h_q = 128 on the H200 but put bf16 outputs at the 1e-5 cosine-distance limit
+          // (research/perf/NOTES.md), so it is not used.
           const float m_new = fmaxf(m_run, mx);
           const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no (-inf) - (-inf)
           const float alpha = fast_exp2(m_run - m_use);
@@ -559,71 +655,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         }
         named_barrier(1 + g, Tr::kDimGroups * 32);
 
-        // ---- 3. O = alpha * O + P V over this warp's 128 output dims ----
-        {
-          // Once the running max settles alpha is exactly 1: skipping the multiply is then
-          // bit-identical and saves 64 kMFrags instructions per tile.
-          float a[kMFrags][2];
-          bool rescale = false;
-#pragma unroll
-          for (int mf = 0; mf < kMFrags; ++mf) {
-            const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2);
-            a[mf][0] = alpha_s[r];
-            a[mf][1] = alpha_s[r + 8];
-            rescale = rescale || a[mf][0] != 1.f || a[mf][1] != 1.f;
-          }
-          if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-            for (int mf = 0; mf < kMFrags; ++mf)
-#pragma unroll
-              for (int nf = 0; nf < kPvFrags; ++nf) {
-                o_acc[mf][nf][0] *= a[mf][0];
-                o_acc[mf][nf][1] *= a[mf][0];
-                o_acc[mf][nf][2] *= a[mf][1];
-                o_acc[mf][nf][3] *= a[mf][1];
-              }
-          }
-#pragma unroll
-          for (int kt = 0; kt < kBlockN / 16; ++kt) {
-            uint32_t pa[kMFrags][4];
-#pragma unroll
-            for (int mf = 0; mf < kMFrags; ++mf) {
-              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
-              const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
-              ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
-            }
-            uint32_t pl[kPSplit ? kMFrags : 1][4];
-            if constexpr (kPSplit) {
-#pragma unroll
-              for (int mf = 0; mf < kMFrags; ++mf) {
-                const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
-                const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
-                ldmatrix_x4(pl[mf], p_smem + Tr::kBlockM * kBlockN * 2 + r * kBlockN * 2 + (chunk << 4));
-              }
-            }
-            // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
-            // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
-            const uint32_t v_addr = tile + (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
-                                    (((2 * d + (lane >> 4)) ^ (lane & 7)) << 4);
-#pragma unroll
-            for (int j = 0; j < kPvFrags / 2; ++j) {
-              uint32_t b[4];
-              ldmatrix_x4_trans(b, v_addr + j * 128);
-#pragma unroll
-              for (int mf = 0; mf < kMFrags; ++mf) {
-                mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
-                mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
-                if constexpr (kPSplit) {
-                  mma_16816<T>(o_acc[mf][2 * j], pl[mf], b[0], b[1]);
-                  mma_16816<T>(o_acc[mf][2 * j + 1], pl[mf], b[2], b[3]);
-                }
-              }
-            }
-          }
-        }
+        // ---- 3. P V (row group 1 of kDeferPv runs it one tile late, see above) ----
+        if (!Tr::kDeferPv || g == 0) pv(tile);
         read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
         stage_buf ^= 1;
       }
+      // Row group 1's deferred P V of the piece's last tile (its slot is refilled two tiles on).
+      if (Tr::kDeferPv && g == 1 && tok_end > tok_begin)
+        pv(kv_smem + ((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
 
       // ---- epilogue: normalize by the row sums, write out/lse or the split partials ----
       {

@@ -18,9 +18,16 @@ namespace kf::cuda {
 
 constexpr int kSm86MaxSmemPerBlock = 101376;  // 99 KiB opt-in: the smallest of sm_80/86/89/90
 
-template <int kMFrags_, int kRowGroups_, int kBlockN_, int kStages_, bool kKv8_ = false>
+template <int kMFrags_, int kRowGroups_, int kBlockN_, int kStages_, bool kKv8_ = false,
+          bool kDeferPv_ = false>
 struct MlaDecodeTraits {
   static constexpr bool kKv8 = kKv8_;
+  // Row group 1 runs its P V one tile late, so its mma phase overlaps group 0's softmax (and
+  // the other way round). It still reads tile t - 1 during tile t, so one fewer tile is in
+  // flight ahead: kAhead tiles ahead of the one consumed, the refill target is tile t - kStages
+  // + kAhead. Measured (H200, h_q=128, research/perf v2): -4% at b=64; with the lazy rescale -7%.
+  static constexpr bool kDeferPv = kDeferPv_;
+  static constexpr int kAhead = kDeferPv_ ? kStages_ - 2 : kStages_ - 1;
   static constexpr int kMFrags = kMFrags_;  // 16-row mma fragments per warp
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kDimGroups = 4;
@@ -38,7 +45,12 @@ struct MlaDecodeTraits {
   static constexpr int kNFrags = kBlockN / 8;               // n8 fragments of a score tile
   static constexpr int kRowChunks = kHeadDim * 2 / 16;      // 16-byte chunks per 16-bit row
   static constexpr int kRowChunks8 = (kLatentDim + kRopeDim * 2) / 16;  // 8-bit: latent + rope
-  static constexpr int kThreadsPerToken = kNumThreads / kBlockN;  // cp.async issue mapping
+  // cp.async mapping: >= 8 threads per token (the XOR swizzle covers 8 chunks), so a 32-token
+  // tile of 128 threads has each thread load kTokPerThread = 2 tokens, kTokStride apart (a
+  // multiple of 8: the same swizzle for both).
+  static constexpr int kThreadsPerToken = kNumThreads / kBlockN >= 8 ? kNumThreads / kBlockN : 8;
+  static constexpr int kTokPerThread = kBlockN * kThreadsPerToken / kNumThreads;
+  static constexpr int kTokStride = kNumThreads / kThreadsPerToken;
 
   // Softmax stage: each warp of a row group finishes kSoftRows rows of the group's scores.
   static constexpr int kSoftRows = kRowsPerGroup / kDimGroups;
@@ -85,16 +97,24 @@ struct MlaDecodeTraits {
   static_assert(kSmemBytes <= kSm86MaxSmemPerBlock, "does not fit sm_86's 99 KiB per block");
   static_assert(kHeadDim % (kDimGroups * 16) == 0 && kLatentDim % (kDimGroups * 16) == 0, "");
   static_assert(kBlockN == 16 || kBlockN == 32, "score swizzles are written for 16 or 32 tokens");
-  static_assert(kNumThreads % kBlockN == 0 && kSoftTokens >= 2, "");
+  static_assert(kSoftTokens >= 2 && kTokPerThread * kTokStride == kBlockN, "");
+  static_assert(kTokPerThread == 1 || kTokStride % 8 == 0, "one swizzle for a thread's tokens");
   static_assert(kStages >= (kKv8 ? 3 : 2), "8-bit: tiles k and k + 1 resident while k + 2 loads");
+  // (8-bit plus deferral would keep a third tile resident: kStages >= 4 and a check of the
+  // dequant-ahead ordering; not instantiated.)
+  static_assert(!kDeferPv || (kRowGroups == 2 && kStages >= 3 && !kKv8), "");
   static_assert(!kKv8 || kBlockM * kBlockN * 2 >= kNumThreads * 4, "the fp16 units fit P's half");
   static_assert(kKvTileBytes % 16 == 0 && kKv8RopeOff % 16 == 0 && kKv8ScaleOff % 16 == 0, "");
 };
 
 // The instantiated configurations, picked by the number of query rows (s_q * h_q).
-using MlaTraitsM16 = MlaDecodeTraits<1, 1, 16, 5>;  // <= 16 rows: memory-bound (h_q = 16)
+// <= 16 rows, memory-bound (h_q = 16): 32-token tiles, 2 stages, half the barriers and softmax
+// passes of 16-token tiles. Measured (H200, research/perf v1): -2% at b=64, -6% at b=1, -10%
+// with 1 block/SM (sm_86's case; sm_90 runs 2 blocks/SM).
+using MlaTraitsM16 = MlaDecodeTraits<1, 1, 32, 2>;
 using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;  // 17..32 rows
-using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3>;  // > 32 rows: compute-bound (h_q = 128)
+// > 32 rows, compute-bound (h_q = 128): deferred P V for row group 1 (kDeferPv above).
+using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3, false, true>;
 // 8-bit caches: the ring is as deep as sm_86's budget allows beside the staging. Warps hold one
 // 16-row fragment (the dequantized scores and the hi/lo P need the registers two would take
 // without spilling on sm_86): more than 16 rows run in 32-row tiles of 8 warps.
