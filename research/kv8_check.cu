@@ -34,65 +34,9 @@
 
 using namespace kf;
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      exit(2);                                                                               \
-    }                                                                                        \
-  } while (0)
+#define KF_HARNESS_SEED 20261201
+#include "harness.cuh"
 
-static int g_failures = 0, g_checks = 0;
-#define EXPECT(cond, ...)             \
-  do {                                \
-    ++g_checks;                       \
-    if (!(cond)) {                    \
-      ++g_failures;                   \
-      printf("  FAIL: " __VA_ARGS__); \
-      printf("\n");                   \
-    }                                 \
-  } while (0)
-
-static std::mt19937_64 g_rng(20261201);
-static float randn() {
-  static std::normal_distribution<float> d(0.f, 1.f);
-  return d(g_rng);
-}
-static int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_rng); }
-
-template <typename X>
-struct DevBuf {
-  X* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t n_ = 0) : n(n_) {
-    if (n) CK(cudaMalloc(&p, n * sizeof(X)));
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(n, o.n);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  void up(const std::vector<X>& h) { CK(cudaMemcpy(p, h.data(), n * sizeof(X), cudaMemcpyHostToDevice)); }
-  std::vector<X> down() const {
-    std::vector<X> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(X), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void fill_bytes(int v) { CK(cudaMemset(p, v, n * sizeof(X))); }
-};
-
-static int num_sms() {
-  int dev, n;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
 static const char* fmt_name(KvFormat f) {
   switch (f) {
     case KvFormat::kBF16: return "bf16";

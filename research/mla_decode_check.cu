@@ -27,70 +27,11 @@
 
 using namespace kf;
 
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                      \
-    }                                                                               \
-  } while (0)
-
-static int g_failures = 0;
-static int g_checks = 0;
-#define EXPECT(cond, ...)                  \
-  do {                                     \
-    ++g_checks;                            \
-    if (!(cond)) {                         \
-      ++g_failures;                        \
-      printf("  FAIL: " __VA_ARGS__);      \
-      printf("\n");                        \
-    }                                      \
-  } while (0)
-
-static std::mt19937_64 g_rng(20261130);
-static float randn() {
-  static std::normal_distribution<float> d(0.f, 1.f);
-  return d(g_rng);
-}
-static int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_rng); }
+#include "harness.cuh"
 
 static uint16_t to16(float f, DType t) { return store_16(f, t); }
 static double from16(uint16_t h, DType t) { return load_16(h, t); }
 static const uint16_t kNaN16 = 0xFFFF;  // NaN in bf16 and fp16
-
-template <typename X>
-struct DevBuf {
-  X* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t n_ = 0) : n(n_) {
-    if (n) CK(cudaMalloc(&p, n * sizeof(X)));
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(n, o.n);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  void up(const std::vector<X>& h) { CK(cudaMemcpy(p, h.data(), n * sizeof(X), cudaMemcpyHostToDevice)); }
-  std::vector<X> down() const {
-    std::vector<X> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(X), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void fill_bytes(int v) { CK(cudaMemset(p, v, n * sizeof(X))); }
-};
-
-int num_sms() {
-  int dev, n;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
 
 // ------------------------------------------------------------------------------------------
 struct Case {
