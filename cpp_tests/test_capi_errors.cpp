@@ -234,6 +234,14 @@ std::vector<DecodeErrorCase> decode_error_cases() {
       {"DeviceMismatchCache", [](F& f) { f.c.kv.to_cuda(); }, kBad, "kv_cache: expected device cpu"},
       {"DeviceMismatchErrorBuffer", [](F& f) { f.c.eb.to_cuda(); }, kBad, "error_buffer: expected device cpu"},
       {"DeviceMismatchWorkspace", [](F& f) { f.c.ws.to_cuda(); }, kBad, "workspace: expected device cpu"},
+      // Two GPUs: every tensor on cuda:0 but out naming cuda:1 (which need not exist).
+      {"DeviceIdMismatchOut",
+       [](F& f) {
+         for (TArg* t : {&f.c.q, &f.c.kv, &f.c.bt, &f.c.sl, &f.c.md, &f.c.out, &f.c.lse, &f.c.ws, &f.c.eb})
+           t->to_cuda();
+         f.c.out.t.device.device_id = 1;
+       },
+       kBad, "out: expected device cuda:0 (the device of q), got cuda:1"},
       {"UnknownDeviceType",
        [](F& f) {
          for (TArg* t : {&f.c.q, &f.c.kv, &f.c.bt, &f.c.sl, &f.c.md, &f.c.out, &f.c.lse, &f.c.ws, &f.c.eb})
