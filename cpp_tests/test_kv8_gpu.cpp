@@ -96,6 +96,19 @@ TEST(Kv8Convert, RefusesWhatDoesNotFit) {
   HostTensor small_pages(kF16, {3, 8, 576}), dst8(kU8, {3, 8, 644});
   EXPECT_EQ(kf_cache_convert(small_pages.dl(), dst8.dl(), KF_KV_INT8, nullptr), KF_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(kf_cache_convert(nullptr, dst.dl(), KF_KV_INT8, nullptr), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kf_cache_convert(src.dl(), nullptr, KF_KV_INT8, nullptr), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kf_last_error()).find("dst"), std::string::npos);
+  HostTensor src_f32(kF32, {3, 16, 576});  // a 16-bit cache is bf16 or fp16
+  EXPECT_EQ(kf_cache_convert(src_f32.dl(), dst.dl(), KF_KV_INT8, nullptr), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kf_last_error()).find("src"), std::string::npos);
+  HostTensor dst_f16(kF16, {3, 16, 644});  // an 8-bit cache is bytes
+  EXPECT_EQ(kf_cache_convert(src.dl(), dst_f16.dl(), KF_KV_FP8_E4M3, nullptr), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kf_last_error()).find("dst"), std::string::npos);
+  DLTensor on_gpu = *dst.dl();
+  on_gpu.device = DLDevice{kDLCUDA, 0};
+  EXPECT_EQ(kf_cache_convert(src.dl(), &on_gpu, KF_KV_INT8, nullptr), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kf_last_error()).find("device"), std::string::npos);
+  EXPECT_EQ(kf_cache_convert(src.dl(), dst.dl(), kf_kv_format(9), nullptr), KF_ERROR_INVALID_ARGUMENT);
   // The 8-bit cache inside the source's bytes.
   HostTensor buf(kU8, {3 * 16 * 576 * 2});
   DLTensor s = *src.dl(), d = *dst.dl();
