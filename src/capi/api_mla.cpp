@@ -79,7 +79,6 @@ KF_API kf_status kf_mla_decode(const DLTensor* q, const DLTensor* kv_cache, kf_k
     kf::MlaDecodeParams p;
     KF_CHECK(validate_decode_call(a, &dev, &p));
     KF_CHECK(check_backend(dev));
-    KF_CHECK(check_format_backend(dev, kv_format));
     if (!dev.cuda) KF_CHECK(check_decode_contents_host(p));
     return run_decode(dev, p, stream);
   });
@@ -93,7 +92,6 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
     kf::CacheAppendParams p;
     KF_CHECK(validate_append_call(kv, kv_cache, kv_format, slot_mapping, error_buffer, &dev, &p));
     KF_CHECK(check_backend(dev));
-    KF_CHECK(check_format_backend(dev, kv_format));
     if (p.num_tokens == 0) return KF_SUCCESS;  // nothing to launch
     if (!dev.cuda) KF_CHECK(check_append_contents_host(p));
     return run_append(dev, p, stream);
@@ -107,7 +105,6 @@ KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache
     kf::CacheConvertParams p;
     KF_CHECK(validate_convert_call(src_cache, dst_cache, dst_format, &dev, &p));
     KF_CHECK(check_backend(dev));
-    KF_CHECK(check_format_backend(dev, dst_format));
     if (p.num_pages == 0) return KF_SUCCESS;
     return run_convert(dev, p, stream);
   });

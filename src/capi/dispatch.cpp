@@ -28,18 +28,6 @@ kf_status resolve_device(const DLTensor* t, const char* name, Device* dev) {
               device_string(t->device).c_str());
 }
 
-// Which backends decode and append the 8-bit formats; flipped on as each one lands.
-constexpr bool kCpuHas8bit = true;
-constexpr bool kCudaHas8bit = true;
-
-kf_status check_format_backend(const Device& dev, kf_kv_format format) {
-  if (format != KF_KV_FP8_E4M3 && format != KF_KV_INT8) return KF_SUCCESS;
-  if (dev.cuda ? kCudaHas8bit : kCpuHas8bit) return KF_SUCCESS;
-  return fail(KF_ERROR_UNSUPPORTED, "kv_format: %s on %s comes with the 8-bit cache issue",
-              format == KF_KV_FP8_E4M3 ? "KF_KV_FP8_E4M3" : "KF_KV_INT8",
-              dev.cuda ? "CUDA" : "the CPU");
-}
-
 #if KF_WITH_CUDA
 
 namespace {

@@ -20,8 +20,6 @@ kf_status resolve_device(const DLTensor* t, const char* name, Device* dev);
 // CUDA tensors in a build without CUDA, a missing device, or one below sm_80: a status and a
 // message. Called before any host-side work on a CUDA call.
 kf_status check_backend(const Device& dev);
-// 8-bit caches run only where a backend implements them (KF_ERROR_UNSUPPORTED otherwise).
-kf_status check_format_backend(const Device& dev, kf_kv_format format);
 
 kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stream);
 kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream);
