@@ -71,6 +71,11 @@ struct DeviceProblem {
                          cache_seqlens.dl(), metadata.dl(), pr.scale, out.dl(), lse.dl(),
                          workspace.dl(), eb, stream);
   }
+  // The results into the host problem (out and lse).
+  void download_results(Built& b) {
+    out.download(b.out);
+    lse.download(b.lse);
+  }
   DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
 };
 

@@ -12,27 +12,6 @@ using namespace kft;
 
 namespace {
 
-// C++17 has no std::barrier.
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen != gen_; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
 
 TEST(Library, VersionMatchesHeaderMacros) {
   const std::string want = std::to_string(KF_VERSION_MAJOR) + "." + std::to_string(KF_VERSION_MINOR) +

@@ -20,12 +20,7 @@ class CpuDecode : public ::testing::TestWithParam<DecodeCase> {};
 TEST_P(CpuDecode, MatchesFloat64Reference) {
   const DecodeCase& c = GetParam();
   auto rng = test_rng();
-  Problem pr;
-  pr.bf16 = c.bf16;
-  pr.batch = c.batch;
-  pr.s_q = c.s_q;
-  pr.h_q = c.h_q;
-  pr.page_size = c.page_size;
+  Problem pr = problem_of(c);
   pr.num_workers = c.num_workers;
   pr.seqlens = random_lengths(rng, c.batch, c.max_len, c.zero_fraction);
   Built b = build_problem(pr, rng);

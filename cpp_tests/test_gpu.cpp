@@ -49,12 +49,7 @@ TEST_P(GpuDecode, MatchesCpuBackendAndReference) {
 #if KF_TESTS_WITH_CUDA
   const GpuCase& c = GetParam();
   auto rng = test_rng();
-  Problem pr;
-  pr.bf16 = c.bf16;
-  pr.batch = c.batch;
-  pr.s_q = c.s_q;
-  pr.h_q = c.h_q;
-  pr.page_size = c.page_size;
+  Problem pr = problem_of(c);
   int w = 0;
   ASSERT_EQ(kf_mla_default_num_workers(0, c.h_q, c.s_q, &w), KF_SUCCESS) << kf_last_error();
   pr.num_workers = w;
@@ -69,14 +64,12 @@ TEST_P(GpuDecode, MatchesCpuBackendAndReference) {
   CUDA_OK(cudaDeviceSynchronize());
 
   Built gpu = build_problem(pr, rng);  // host buffers of the same shapes for the results
-  dev.out.download(gpu.out);
-  dev.lse.download(gpu.lse);
+  dev.download_results(gpu);
   dev.metadata.download(gpu.metadata);
   EXPECT_EQ(meta_cpu, gpu.metadata.snapshot()) << "GPU metadata differs from the CPU scheduler's";
   expect_close_to(gpu, cpu);
   // The GPU result against float64 on the same inputs (cpu holds them).
-  dev.out.download(cpu.out);
-  dev.lse.download(cpu.lse);
+  dev.download_results(cpu);
   expect_matches_reference(cpu);
 #endif
 }
@@ -112,15 +105,13 @@ TEST(GpuDecodeDeterminism, RerunsAreBitIdentical) {
   ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
   ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  dev.out.download(b.out);
-  dev.lse.download(b.lse);
+  dev.download_results(b);
   const auto out1 = b.out.snapshot(), lse1 = b.lse.snapshot();
   b.out.fill<uint16_t>(0x7fc0);
   dev.out.upload(b.out);
   ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  dev.out.download(b.out);
-  dev.lse.download(b.lse);
+  dev.download_results(b);
   EXPECT_EQ(out1, b.out.snapshot());
   EXPECT_EQ(lse1, b.lse.snapshot());
 #endif
@@ -153,14 +144,12 @@ TEST(GpuDecodeGraph, ReplayWithNewLengthsMatchesEager) {
   dev.cache_seqlens.upload(b.cache_seqlens);
   CUDA_OK(cudaGraphLaunch(exec, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
-  dev.out.download(b.out);
-  dev.lse.download(b.lse);
+  dev.download_results(b);
   const auto out_graph = b.out.snapshot(), lse_graph = b.lse.snapshot();
   ASSERT_EQ(dev.metadata_call(pr, stream), KF_SUCCESS) << kf_last_error();
   ASSERT_EQ(dev.decode(pr, KF_KV_BF16, nullptr, stream), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaStreamSynchronize(stream));
-  dev.out.download(b.out);
-  dev.lse.download(b.lse);
+  dev.download_results(b);
   EXPECT_EQ(out_graph, b.out.snapshot());
   EXPECT_EQ(lse_graph, b.lse.snapshot());
   cudaGraphExecDestroy(exec);
@@ -223,8 +212,7 @@ TEST(GpuErrorBuffer, BadDeviceValuesAreMaskedAndReported) {
   EXPECT_NE(eb.ptr<int32_t>()[0] & KF_DEVERR_PAGE_RANGE, 0);
   EXPECT_GE(eb.ptr<int32_t>()[1], 1);
   // Request 0 is untouched by either fault and still correct.
-  dev.out.download(b.out);
-  dev.lse.download(b.lse);
+  dev.download_results(b);
   b.cache_seqlens.ptr<int32_t>()[1] = 200;
   const Reference ref = reference_decode(b);
   const auto o = out_row(b, 0, 0, 0);
@@ -314,8 +302,7 @@ TEST(Gpu8bit, DecodeMatchesCpuBackend) {
       ASSERT_EQ(s, KF_SUCCESS) << kf_last_error();
       CUDA_OK(cudaDeviceSynchronize());
       Built gpu = build_problem(pr, rng);
-      dev.out.download(gpu.out);
-      dev.lse.download(gpu.lse);
+      dev.download_results(gpu);
       expect_close_to(gpu, cpu);  // SPEC.md: same 8-bit cache, GPU vs CPU, worst row < 1e-5
     }
 #endif

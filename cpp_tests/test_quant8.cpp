@@ -220,12 +220,7 @@ class Decode8 : public ::testing::TestWithParam<Decode8Case> {};
 TEST_P(Decode8, MatchesReferenceOnTheDequantizedCache) {
   const Decode8Case& c = GetParam();
   auto rng = test_rng();
-  Problem pr;
-  pr.bf16 = c.bf16;
-  pr.batch = c.batch;
-  pr.s_q = c.s_q;
-  pr.h_q = c.h_q;
-  pr.page_size = c.page_size;
+  Problem pr = problem_of(c);
   pr.num_workers = c.num_workers;
   pr.seqlens = random_lengths(rng, c.batch, c.max_len, 0.2);
   Built b = build_problem(pr, rng);

@@ -201,12 +201,7 @@ TEST_P(GpuSanitize, DecodeMatchesCpuBackend) {
 #if KF_TESTS_WITH_CUDA
   const SanCase& c = GetParam();
   auto rng = test_rng();
-  Problem pr;
-  pr.bf16 = c.bf16;
-  pr.batch = c.batch;
-  pr.s_q = c.s_q;
-  pr.h_q = c.h_q;
-  pr.page_size = c.page_size;
+  Problem pr = problem_of(c);
   pr.strided = c.strided;
   pr.cache_4d = c.cache_4d;
   pr.num_workers = c.num_workers;

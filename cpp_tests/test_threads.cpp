@@ -15,27 +15,6 @@ namespace {
 constexpr int kThreads = 8;
 constexpr int kRounds = 6;
 
-// std::barrier is C++20.
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen != gen_; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
 
 // Failures seen by worker threads, asserted on the main thread.
 class Failures {
@@ -148,9 +127,9 @@ TEST(Threads, CpuCallsMatchSingleThreaded) {
         int value = 0;
         if (fails && bad_call(t, round, &value) != KF_ERROR_INVALID_ARGUMENT)
           failures.add(who(t, round) + "invalid h_q accepted");
-        barrier.wait();  // every thread has made its failing call (or none)
+        barrier.arrive_and_wait();  // every thread has made its failing call (or none)
         if (fails) check_own_error(t, round, value, failures);
-        barrier.wait();
+        barrier.arrive_and_wait();
 
         // Decode of its own problem, from scratch: poisoned metadata and outputs.
         b.metadata.fill<int32_t>(0);
@@ -205,13 +184,13 @@ TEST(Threads, ErrorStateIsPerThread) {
         } else if (kf_mla_metadata_size(4, 2, &elems) != KF_SUCCESS) {
           failures.add(who(t, round) + "valid call failed: " + kf_last_error());
         }
-        barrier.wait();
+        barrier.arrive_and_wait();
         if (fails) {
           check_own_error(t, round, value, failures);
         } else if (std::string(kf_last_error()) != "") {
           failures.add(who(t, round) + "sees a message after its successful call: " + kf_last_error());
         }
-        barrier.wait();
+        barrier.arrive_and_wait();
       }
     });
   for (auto& th : threads) th.join();
@@ -307,7 +286,7 @@ TEST(GpuThreads, StreamsFromManyThreadsMatchSingleThreaded) {
             failures.add(who(t, round) + "invalid h_q accepted");
           }
         }
-        barrier.wait();
+        barrier.arrive_and_wait();
         if (fails && t % 2 == 0) {
           const std::string want = "num_workers: expected 1..65536, got " + std::to_string(value);
           if (kf_last_error() != want)
@@ -315,7 +294,7 @@ TEST(GpuThreads, StreamsFromManyThreadsMatchSingleThreaded) {
         } else if (fails) {
           check_own_error(t, round, value, failures);
         }
-        barrier.wait();
+        barrier.arrive_and_wait();
 
         if (t % 2 == 0) {
           const std::string err = jobs[t]->run(&o, &l);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -145,6 +147,18 @@ struct Problem {
   bool strided = false;    // q and out with padded strides
   bool nan_padding = true; // NaN everywhere a request's valid positions are not
 };
+
+// The shape fields every parameterized case table carries (dtype, batch, s_q, h_q, page size).
+template <typename Case>
+Problem problem_of(const Case& c) {
+  Problem pr;
+  pr.bf16 = c.bf16;
+  pr.batch = c.batch;
+  pr.s_q = c.s_q;
+  pr.h_q = c.h_q;
+  pr.page_size = c.page_size;
+  return pr;
+}
 
 // Logical values (exactly representable in the 16-bit dtype), the tensors that hold them, and
 // the metadata built through the C API.
@@ -396,5 +410,27 @@ inline std::mt19937_64 test_rng(uint64_t salt = 0) {
   std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
   return std::mt19937_64(std::hash<std::string>{}(name) ^ (salt * 0x9E3779B97F4A7C15ull));
 }
+
+// Threads meeting at a point (std::barrier is C++20).
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const int gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen != gen_; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, count_ = 0, gen_ = 0;
+};
 
 }  // namespace kft
