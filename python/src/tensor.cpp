@@ -54,7 +54,13 @@ void fill(const Array& a, bool is_bf16, Tensor* t) {
 
 }  // namespace
 
-Tensor as_input(nb::handle obj, const char* name, bool optional) {
+namespace {
+
+// One conversion for inputs and outputs: they differ in the nanobind array type held (read-only
+// or writable) and in what the error says.
+template <typename Array>
+Tensor as_array(nb::handle obj, const char* name, bool optional, Array Tensor::*member,
+                bool writable) {
   Tensor t;
   if (obj.is_none()) {
     if (optional) return t;
@@ -62,22 +68,19 @@ Tensor as_input(nb::handle obj, const char* name, bool optional) {
   }
   bool is_bf16;
   nb::object src = unwrap_numpy_bfloat16(obj, &is_bf16);
-  if (!nb::try_cast(src, t.readonly, /*convert=*/false)) raise_not_array(obj, name, false);
-  fill(t.readonly, is_bf16, &t);
+  if (!nb::try_cast(src, t.*member, /*convert=*/false)) raise_not_array(obj, name, writable);
+  fill(t.*member, is_bf16, &t);
   return t;
 }
 
+}  // namespace
+
+Tensor as_input(nb::handle obj, const char* name, bool optional) {
+  return as_array(obj, name, optional, &Tensor::readonly, false);
+}
+
 Tensor as_output(nb::handle obj, const char* name, bool optional) {
-  Tensor t;
-  if (obj.is_none()) {
-    if (optional) return t;
-    throw nb::type_error((std::string(name) + ": expected an array, got None").c_str());
-  }
-  bool is_bf16;
-  nb::object src = unwrap_numpy_bfloat16(obj, &is_bf16);
-  if (!nb::try_cast(src, t.writable, /*convert=*/false)) raise_not_array(obj, name, true);
-  fill(t.writable, is_bf16, &t);
-  return t;
+  return as_array(obj, name, optional, &Tensor::writable, true);
 }
 
 nb::dict describe(nb::handle obj) {
