@@ -12,8 +12,15 @@ ARCH=${ARCH:-sm_90}
 B=${BUILD_DIR:-build/kv8-$ARCH}
 BIN=${BIN:-$B/kv8_check}
 if [ ! -x "$BIN" ]; then
-  mkdir -p "$B"
-  FLAGS="-std=c++17 -O3 --expt-relaxed-constexpr -arch=$ARCH -Isrc -Iinclude -lineinfo"
+  mkdir -p "$B/dlpack_include/dlpack"
+  # DLPack's header as the CMake build finds it (system, KF_DLPACK_INCLUDE_DIR, or a Python
+  # package's copy, e.g. torch's ATen/dlpack.h).
+  dl=${KF_DLPACK_INCLUDE_DIR:-}
+  if [ -z "$dl" ] && [ ! -f /usr/include/dlpack/dlpack.h ]; then
+    found=$(python3 cmake/find_dlpack.py 2>/dev/null)
+    if [[ "$found" == *.h ]]; then cp "$found" "$B/dlpack_include/dlpack/dlpack.h"; else dl=$found; fi
+  fi
+  FLAGS="-std=c++17 -O3 --expt-relaxed-constexpr -arch=$ARCH -Isrc -Iinclude -I$B/dlpack_include ${dl:+-I$dl} -lineinfo ${EXTRA_FLAGS:-}"
   pids=()
   for f in $(find src/cuda -name '*.cu' ! -name deverr_check.cu) research/kv8_check.cu; do
     o="$B/$(echo "$f" | tr / _).o"
@@ -22,7 +29,7 @@ if [ ! -x "$BIN" ]; then
   done
   for f in src/cpu/*.cpp; do
     o="$B/$(echo "$f" | tr / _).o"
-    g++ -std=c++17 -O3 -Isrc -Iinclude -c "$f" -o "$o" > "$o.log" 2>&1 &
+    g++ -std=c++17 -O3 -Isrc -Iinclude -I$B/dlpack_include ${dl:+-I$dl} -c "$f" -o "$o" > "$o.log" 2>&1 &
     pids+=($!)
   done
   ok=1

@@ -198,6 +198,29 @@ def test_gpu_decode_matches_cpu_backend(rng, fmt, dtype, page, h_q, s_q):
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype,mag", [("bfloat16", 2.0**20), ("bfloat16", 2.0**-30),
+                                       ("float16", 2.0**10), ("float16", 2.0**-10)])
+def test_gpu_decode_8bit_q_magnitudes(rng, fmt, dtype, mag):
+    """The 8-bit path runs the latent mma in fp16 with q scaled by a power of two per row: q far
+    outside fp16's range (bf16) or near its subnormals, and rows of different magnitudes."""
+    torch = torch_mod()
+    seqlens, h_q, page = [700, 64, 3001], 16, 64
+    case, _, cache8, bt, sl = case8(rng, seqlens, h_q, 1, page, dtype, fmt)
+    row_mag = mag * 2.0 ** (np.arange(h_q) % 5)[None, None, :, None]  # 1x .. 16x across heads
+    q = to_torch(case.q * row_mag, dtype)
+    scale = case.scale / mag
+    out_g, lse_g = decode(q.cuda(), cache8.cuda(), bt.cuda(), sl.cuda(), scale, fmt)
+    out_c, lse_c = decode(q, cache8, bt, sl, scale, fmt)
+    dist = cosine_distance(out_g.float().cpu().numpy(), out_c.float().numpy())
+    what = f"{fmt} {dtype} |q| ~ {mag:g}"
+    assert np.isfinite(out_g.float().cpu().numpy()).all(), what
+    assert dist.max() < MAX_COS_DIST, f"{what}: worst row {dist.max():.3g}"
+    assert np.abs(lse_g.cpu().numpy() - lse_c.numpy()).max() < MAX_LSE_ERR, what
+
+
+@pytest.mark.gpu
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_decode_8bit_reruns_bit_identical(rng, fmt):
     torch = torch_mod()
     case, q, cache8, bt, sl = case8(rng, [20000, 3000, 1, 0, 777], 16, 1, 64, "bfloat16", fmt)

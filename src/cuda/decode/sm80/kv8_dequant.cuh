@@ -1,28 +1,35 @@
-// Dequantization of an 8-bit KV tile (core/kv_format8.h byte map) from the cp.async ring into the
-// 16-bit staging tile that the decode kernel's ldmatrix/mma path reads (same row layout and
-// swizzle as a 16-bit tile: 1152-byte rows, 16-byte chunk c of token j at c ^ (j & 7)).
+// 8-bit KV tiles (core/kv_format8.h byte map) read straight into mma fragments: the decode
+// kernel's warps load the 8-bit bytes from the cp.async ring and convert them in registers, so
+// an 8-bit tile costs its own 644 bytes per token of shared-memory traffic and no staging pass.
 //
-// Values: e4m3 -> fp16 and int8 -> fp16 are exact (cvt.rn.f16x2.e4m3x2 on sm_89+, bit tricks on
-// sm_80/86), and fp16 -> bf16 of such values is exact too, so the staging tile holds the stored
-// values unscaled and exact. The per-token scale goes to the scores and to P instead:
-//   s_t = scale_t * (q_lat . k_q,t) + q_pe . k_pe,t   (fp32, before the rope k-step)
-//   O  += sum_t (p_t * scale_t) v_q,t
-// Rounding x * scale to 16 bits in the staging tile instead would cost ~2e-5 cosine distance
-// (bf16) or ~1e-3 in lse (fp16) against the CPU backend, over the budget. P * scale_t rounded to
-// 16 bits is where the error goes:
-//   - bf16 q: P = hi + lo, two bf16 values (the PV mma runs twice): one bf16 P alone is 3x worse
-//     than the 16-bit path (there the dominant token's p = 1 is exact, here p * scale_t is not),
-//     ~5e-6..1e-5 worst row against the CPU backend;
-//   - fp16 q: P = p * scale_t / S_tile (S_tile the tile's largest scale, so P <= 1 and stays out
-//     of fp16's subnormal range), and the O accumulator is kept in units of S_tile: its rescale
-//     factor becomes alpha * S_prev / S_tile, and the epilogue multiplies by the last S_tile.
-// The rope part is bf16 in the cache: copied for bf16 q, rounded to fp16 for fp16 q.
+// Values: e4m3 -> fp16 (as the value times 2^-8, three integer operations per pair) and int8 ->
+// fp16 are exact, so the fragments hold the stored codes exactly (kv8_code_unit: 2^-8 for e4m3),
+// and the latent mma runs in fp16 for either q dtype. The per-token scale goes to the scores and to P instead:
+//   s_t = scale_t * 2^-e_row * (q16 . k_q,t) + q_pe . k_pe,t   (fp32)
+//   O  += sum_t (p_t * scale_t / S_tile) v_q,t, O kept in units of S_tile
+// q16 = q * 2^e_row in fp16, exact: e_row puts the largest |q| of the warp's 128 dims of the row
+// in [2^14, 2^15), inside fp16's range whatever q's dtype. P' = p_t * scale_t / S_tile <= 1 (S_tile
+// the tile's largest scale) is rounded to fp16 (2^-11 relative, 8x finer than a bf16 P), the O
+// accumulator's rescale factor becomes alpha * S_prev / S_tile, and the epilogue multiplies by
+// the last S_tile.
+//
+// Fragment layouts (warp d owns latent dims [128 d, 128 d + 128), thread = (g, t) = (lane / 4,
+// lane % 4)); a tile's 512 latent bytes of token j hold 16-byte chunk c at (c ^ (j & 7)) * 16:
+//   QK: a dot product does not care about the order of its k index, so k-step j of thread t
+//       takes the 4 consecutive dims 128 d + 32 t + 4 j .. + 3 (mma k = 2t, 2t+1, 2t+8, 2t+9):
+//       one 4-byte word gives both B registers, and the thread's q is 32 consecutive dims.
+//   PV: output dims are permuted instead: n8 fragment f's column g is dim 128 d + 16 g + f, so a
+//       thread loads 16 bytes (dims 16 g ..) of the four tokens it needs (2t, 2t+1, 2t+8, 2t+9)
+//       and byte-permutes them into token pairs; its accumulator o[f] holds dims
+//       128 d + 32 t + f (columns 0, 2) and 128 d + 32 t + 16 + f (columns 1, 3).
+// Both patterns read 8 distinct 16-byte bank groups per quarter-warp under the chunk swizzle.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/mla_shape.h"
@@ -31,16 +38,6 @@
 namespace kf::cuda {
 
 enum KvFmt { kKvFmt16 = 0, kKvFmtE4M3 = 1, kKvFmtInt8 = 2 };
-
-// How an 8-bit format's scale reaches P (see above).
-template <typename T, int kFmt>
-constexpr bool kv8_p_split() {
-  return kFmt != kKvFmt16 && std::is_same<T, __nv_bfloat16>::value;
-}
-template <typename T, int kFmt>
-constexpr bool kv8_p_norm() {
-  return kFmt != kKvFmt16 && std::is_same<T, __half>::value;
-}
 
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -80,79 +77,132 @@ __device__ __forceinline__ void int8x4_to_f16(uint32_t w, uint32_t& lo, uint32_t
   hi = hsub2_u32(__byte_perm(u, 0x64646464u, 0x4342), 0x64806480u);
 }
 
-// An fp16 pair of exact values -> the staging type (exact).
-template <typename T>
-__device__ __forceinline__ uint32_t f16x2_to_stage(uint32_t h) {
-  if constexpr (std::is_same<T, __half>::value) {
-    return h;
+// Four e4m3 bytes -> fp16 pairs of the values times 2^-8, exact (subnormals included): each byte
+// to the high byte of a 16-bit half, the 7 magnitude bits shifted right by one under the sign.
+// Three integer operations per pair and no conversion unit; the 2^8 goes into the scales.
+__device__ __forceinline__ void e4m3x4_to_f16_2m8(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x0 = __byte_perm(w, 0u, 0x1404), x1 = __byte_perm(w, 0u, 0x3424);
+  lo = (x0 & 0x80008000u) | ((x0 >> 1) & 0x3f803f80u);
+  hi = (x1 & 0x80008000u) | ((x1 >> 1) & 0x3f803f80u);
+}
+
+// The decode kernel's conversion of an 8-bit format: fp16 codes times kv8_code_unit<kFmt>().
+// e4m3 on sm_89+: the hardware cvt (measured on the H200: the bit trick's ~3.5x more integer
+// instructions made FP8 decode 30% slower); on sm_80/86, which have no e4m3 cvt, the bit trick.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define KF_E4M3_HW_CVT 0
+#else
+#define KF_E4M3_HW_CVT 1
+#endif
+template <int kFmt>
+__device__ __forceinline__ constexpr float kv8_code_unit() {
+  return kFmt == kKvFmtE4M3 && !KF_E4M3_HW_CVT ? 1.f / 256.f : 1.f;
+}
+template <int kFmt>
+__device__ __forceinline__ void kv8x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kFmt == kKvFmtE4M3) {
+    if constexpr (KF_E4M3_HW_CVT)
+      e4m3x4_to_f16(w, lo, hi);
+    else
+      e4m3x4_to_f16_2m8(w, lo, hi);
   } else {
-    __half2 hv;
-    memcpy(&hv, &h, 4);
-    const float2 f = __half22float2(hv);
-    return pack2<T>(f.x, f.y);
+    int8x4_to_f16(w, lo, hi);
   }
 }
 
-// A bf16 pair (the cache's rope) -> the staging type.
+// A pair of 16-bit values of type T -> two floats.
 template <typename T>
-__device__ __forceinline__ uint32_t bf16x2_to_stage(uint32_t v) {
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
   if constexpr (std::is_same<T, __half>::value) {
-    return pack2<T>(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    __half2 h;
+    memcpy(&h, &v, 4);
+    return __half22float2(h);
   } else {
-    return v;
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
   }
 }
 
-// Dequantize ring tile `ring` (kBlockN tokens, 8-bit layout) into staging tile `stage` (16-bit
-// layout), the tile's scales into `stage_scale` and their maximum into *stage_smax. All
-// threads of the block take part; the caller orders it with barriers (the ring tile has landed
-// for every thread's cp.async, nobody reads the staging tile).
-template <class Tr, typename T, int kFmt>
-__device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ ring,
-                                             uint8_t* __restrict__ stage,
-                                             float* __restrict__ stage_scale,
-                                             float* __restrict__ stage_smax, int tid) {
-  constexpr int kRowBytes = kHeadDim * 2;
-  const float* scales = reinterpret_cast<const float*>(ring + Tr::kKv8ScaleOff);
+// q fragments of one row half (hf) of one 16-row fragment for the 8-bit path: the 32 dims
+// 128 d + 32 t .. of the row as fp16 A-fragment registers qf[j][hf] (dims 4j, 4j+1) and
+// qf[j][2 + hf] (4j+2, 4j+3), scaled by 2^e (see above); returns 2^-e (1 for a zero row).
+// All four lanes of a quad call it together (the maximum is shared over the quad).
+template <typename T>
+__device__ __forceinline__ float kv8_q_fragments(const T* row_dims, bool valid,
+                                                 uint32_t (&qf)[8][4], int hf) {
+  float2 v[16];
+  float mx = 0.f;
 #pragma unroll
-  for (int i = tid; i < Tr::kBlockN * (kLatentDim / 16); i += Tr::kNumThreads) {
-    const int tok = i / (kLatentDim / 16), c8 = i % (kLatentDim / 16);
-    const uint4 w = *reinterpret_cast<const uint4*>(ring + tok * kLatentDim + c8 * 16);
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-    uint32_t h[8];
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t w = valid ? __ldg(reinterpret_cast<const uint32_t*>(row_dims) + i) : 0u;
+    v[i] = unpack2<T>(w);
+    mx = fmaxf(mx, fmaxf(fabsf(v[i].x), fabsf(v[i].y)));
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  // 2^k with mx * 2^k in [2^14, 2^15): k = 14 - floor(log2 mx), clamped so 2^k and 2^-k are
+  // normal floats. A zero (or non-finite) row keeps k = 0.
+  const int e = int((__float_as_uint(mx) >> 23) & 0xff) - 127;
+  int k = (mx > 0.f && mx <= 3.4e38f) ? 14 - e : 0;
+  k = k < -120 ? -120 : (k > 120 ? 120 : k);
+  const float up = __uint_as_float(uint32_t(127 + k) << 23);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (kFmt == kKvFmtE4M3)
-        e4m3x4_to_f16(ws[k], h[2 * k], h[2 * k + 1]);
-      else
-        int8x4_to_f16(ws[k], h[2 * k], h[2 * k + 1]);
+  for (int j = 0; j < 8; ++j) {
+    qf[j][hf] = pack2<__half>(v[2 * j].x * up, v[2 * j].y * up);
+    qf[j][2 + hf] = pack2<__half>(v[2 * j + 1].x * up, v[2 * j + 1].y * up);
+  }
+  return __uint_as_float(uint32_t(127 - k) << 23);
+}
+
+// Latent partial scores of this warp for the tile's kNFrags * 8 tokens:
+// s[nf] += q16 . k_q over dims [128 d, 128 d + 128) (unscaled codes; see the layout above).
+template <int kFmt, int kNFrags>
+__device__ __forceinline__ void kv8_qk_latent(float (&s)[kNFrags][4], const uint32_t (&qf)[8][4],
+                                              const uint8_t* lat, int d, int lane) {
+  const int g = lane >> 2, t = lane & 3;  // token g of each n8 fragment; g = token & 7
+  const int c0 = ((8 * d + 2 * t) ^ g) << 4;  // chunk 8d + 2t (dims 32 t .. + 15), swizzled
+  const uint8_t* p0 = lat + g * kLatentDim + c0;
+  const uint8_t* p1 = lat + g * kLatentDim + (c0 ^ 16);  // chunk 8d + 2t + 1
+#pragma unroll
+  for (int nf = 0; nf < kNFrags; ++nf) {
+    const uint4 x0 = *reinterpret_cast<const uint4*>(p0 + nf * 8 * kLatentDim);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(p1 + nf * 8 * kLatentDim);
+    const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t b0, b1;
+      kv8x4_to_f16<kFmt>(w[j], b0, b1);
+      mma_16816<__half>(s[nf], qf[j], b0, b1);
     }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) h[k] = f16x2_to_stage<T>(h[k]);
-    // 16 values = staging chunks 2 c8 and 2 c8 + 1. Threads c8 % 8 >= 4 store the odd chunk
-    // first, so each store of a quarter-warp covers 8 distinct bank groups.
-    const bool odd_first = (c8 >> 2) & 1;
-    const uint4 a = make_uint4(h[0], h[1], h[2], h[3]), b = make_uint4(h[4], h[5], h[6], h[7]);
-    uint8_t* row = stage + tok * kRowBytes;
-    const int sw = tok & 7;
-    *reinterpret_cast<uint4*>(row + (((2 * c8 + odd_first) ^ sw) << 4)) = odd_first ? b : a;
-    *reinterpret_cast<uint4*>(row + (((2 * c8 + !odd_first) ^ sw) << 4)) = odd_first ? a : b;
   }
+}
+
+// O += P' V for tokens 16 kt .. 16 kt + 15 of the tile over this warp's 128 dims (dims permuted,
+// see above); pa: the P' A fragment (fp16) of those tokens.
+template <int kFmt>
+__device__ __forceinline__ void kv8_pv_step(float (&o)[16][4], const uint32_t (&pa)[4],
+                                            const uint8_t* lat, int kt, int d, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  // Tokens 2t and 2t + 1 (and + 8, same swizzle) of the step: chunk 8 d + g = dims 16 g ..
+  const uint8_t* pe = lat + (16 * kt + 2 * t) * kLatentDim + (((8 * d + g) ^ (2 * t)) << 4);
+  const uint8_t* po = lat + (16 * kt + 2 * t + 1) * kLatentDim + (((8 * d + g) ^ (2 * t + 1)) << 4);
+  const uint4 xa = *reinterpret_cast<const uint4*>(pe);
+  const uint4 xb = *reinterpret_cast<const uint4*>(po);
+  const uint4 xc = *reinterpret_cast<const uint4*>(pe + 8 * kLatentDim);
+  const uint4 xd = *reinterpret_cast<const uint4*>(po + 8 * kLatentDim);
+  const uint32_t a[4] = {xa.x, xa.y, xa.z, xa.w}, b[4] = {xb.x, xb.y, xb.z, xb.w};
+  const uint32_t c[4] = {xc.x, xc.y, xc.z, xc.w}, e[4] = {xd.x, xd.y, xd.z, xd.w};
 #pragma unroll
-  for (int i = tid; i < Tr::kBlockN * (kRopeDim * 2 / 16); i += Tr::kNumThreads) {
-    const int tok = i / 8, c = i % 8;
-    uint4 v = *reinterpret_cast<const uint4*>(ring + Tr::kKv8RopeOff + tok * 128 + c * 16);
-    v.x = bf16x2_to_stage<T>(v.x), v.y = bf16x2_to_stage<T>(v.y);
-    v.z = bf16x2_to_stage<T>(v.z), v.w = bf16x2_to_stage<T>(v.w);
-    *reinterpret_cast<uint4*>(stage + tok * kRowBytes + (((kLatentDim / 8 + c) ^ (tok & 7)) << 4)) = v;
-  }
-  static_assert(Tr::kBlockN <= 32, "one warp stages the scales");
-  if (tid < 32) {  // warp 0, whole: scales (zero for tokens not loaded) and their maximum
-    float v = tid < Tr::kBlockN ? scales[tid] : 0.f;
-    if (tid < Tr::kBlockN) stage_scale[tid] = v;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (tid == 0) *stage_smax = v;
+  for (int i = 0; i < 4; ++i) {  // dims 16 g + 4 i .. + 3 = fragments 4 i .. 4 i + 3
+    // Token pairs per dim: bytes (tok 2t, tok 2t+1) of dims 4i, 4i+1 | 4i+2, 4i+3.
+    uint32_t lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3;  // lo: tokens 2t, 2t+1; hi: + 8
+    kv8x4_to_f16<kFmt>(__byte_perm(a[i], b[i], 0x5140), lo0, lo1);
+    kv8x4_to_f16<kFmt>(__byte_perm(a[i], b[i], 0x7362), lo2, lo3);
+    kv8x4_to_f16<kFmt>(__byte_perm(c[i], e[i], 0x5140), hi0, hi1);
+    kv8x4_to_f16<kFmt>(__byte_perm(c[i], e[i], 0x7362), hi2, hi3);
+    mma_16816<__half>(o[4 * i + 0], pa, lo0, hi0);
+    mma_16816<__half>(o[4 * i + 1], pa, lo1, hi1);
+    mma_16816<__half>(o[4 * i + 2], pa, lo2, hi2);
+    mma_16816<__half>(o[4 * i + 3], pa, lo3, hi3);
   }
 }
 

@@ -31,20 +31,17 @@
 // b=64 -2.6%, b=1 -5%; not yet re-measured in this tree.
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
-// token, 16-byte cp.async, the scale with a 4-byte one); tile k + 1 is dequantized into one of two
-// 16-bit staging tiles (kv8_dequant.cuh, exact values) while tile k runs through the unchanged
-// ldmatrix/mma path; the scale multiplies the latent part of each score and P (bf16 q: P as
-// hi + lo bf16; fp16 q: P normalized by the tile's largest scale). sm_86: 97712 B / 96224 B of
-// shared memory, 182-188 registers, no spills. Measured (H200, research/h200-kv8-check.log):
-// 0.58-0.82x the speed of bf16 at h_q = 16 (slower): each tile's serial chain (dequant pass, the
-// doubled PV of bf16 q) costs more than the halved bytes save at 16-token tiles and 4 warps per
-// block; the ring is not what limits it (27-33% of the read peak).
+// token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
+// QK and PV read the 8-bit bytes into registers and convert them while building the fp16 mma
+// fragments (kv8_dequant.cuh, exact codes); the scale multiplies the latent part of each score,
+// and P' = p * scale_t / S_tile (fp16) carries it into PV with O in units of S_tile.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/params.h"
 #include "core/scheduler.h"
@@ -146,8 +143,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     mla_decode_sm80_kernel(const __grid_constant__ MlaDecodeParams p) {
   static_assert(Tr::kKv8 == (kFmt != kKvFmt16), "8-bit formats use the 8-bit traits");
   constexpr bool kKv8 = Tr::kKv8;
-  constexpr bool kScoreScale = kKv8;  // s = scale_t * q_lat.k_q + q_pe.k_pe
-  constexpr bool kPSplit = kv8_p_split<T, kFmt>(), kPNorm = kv8_p_norm<T, kFmt>();
+  // 8-bit: s = scale_t * 2^-e_row * (q16 . k_q) + q_pe . k_pe; P in fp16, normalized per tile.
+  using PT = typename std::conditional<kKv8, __half, T>::type;  // P and the PV mma
   constexpr int kBlockN = Tr::kBlockN, kStages = Tr::kStages, kMFrags = Tr::kMFrags;
   constexpr int kNFrags = Tr::kNFrags, kQkSteps = Tr::kQkSteps, kPvFrags = Tr::kPvFrags;
   constexpr int kRowBytes = kHeadDim * 2;
@@ -155,7 +152,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   constexpr int kSoftTokens = Tr::kSoftTokens, kSoftTpr = Tr::kSoftThreadsPerRow;
   // Two accumulator sets halve the dependent mma chain when a warp has one row fragment.
   // (A 32-token tile already has four independent n8 chains.)
-  constexpr int kAccSets = (kMFrags == 1 && kBlockN == 16) ? 2 : 1;
+  constexpr int kAccSets = (kMFrags == 1 && kBlockN == 16 && !kKv8) ? 2 : 1;
   constexpr int kRep = Tr::kTokPerThread, kTokStride = Tr::kTokStride;
   constexpr int kAhead = Tr::kAhead;
   struct Pages { int v[kRep]; };  // a loading thread's page, one per token it loads
@@ -198,8 +195,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 
   const T* kv = static_cast<const T*>(p.kv);
   const uint8_t* kv8 = static_cast<const uint8_t*>(p.kv);
-  float* stage_scale = reinterpret_cast<float*>(smem + Tr::kScaleOff);
-  float* stage_smax = reinterpret_cast<float*>(smem + Tr::kScaleMaxOff);
   float* unit_s = reinterpret_cast<float*>(smem + Tr::kUnitOff);
   const T* q = static_cast<const T*>(p.q);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -207,8 +202,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   // cp.async mapping: thread -> (tokens j + r kTokStride of the tile, chunks c0, c0 + kTpt, ...).
   const int ld_tok = tid / kTpt, ld_c0 = tid % kTpt;
   const uint32_t ld_dst_off = ld_tok * kRowBytes + ((ld_c0 ^ (ld_tok & 7)) << 4);
-  // 8-bit ring tiles keep the page's sections (unswizzled: the dequant pass reads them in
-  // order): chunk c < 32 of a token is latent, 32..39 rope, and one 4-byte copy the scale.
+  // 8-bit ring tiles keep the page's sections: chunk c < 32 of a token is latent (stored at
+  // c ^ (j & 7) of its 512-byte row), 32..39 rope (at (c - 32) ^ (j & 7) of its 128-byte row),
+  // and one 4-byte copy the scale.
   static_assert(!kKv8 || 32 % kTpt == 0, "");
   static_assert(kTpt % 8 == 0, "the cp.async swizzle needs 8 threads per token at least");
   // Softmax mapping: thread -> (row srow of the block, tokens st0 .. st0 + kSoftTokens - 1).
@@ -262,13 +258,13 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes;
 #pragma unroll
           for (int k = 0; k < 32 / kTpt; ++k)
-            cp_async_16(dst + tj * kLatentDim + (ld_c0 + k * kTpt) * 16, lat + k * kTpt * 16,
-                        ok ? 16 : 0);
+            cp_async_16(dst + tj * kLatentDim + (((ld_c0 ^ (tj & 7)) + k * kTpt) << 4),
+                        lat + k * kTpt * 16, ok ? 16 : 0);
 #pragma unroll
           for (int k = 32 / kTpt; k < (Tr::kRowChunks8 + kTpt - 1) / kTpt; ++k) {
             const int c = ld_c0 + k * kTpt - 32;  // rope chunk
             if (c >= 0 && c < 8)
-              cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + c * 16,
+              cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + ((c ^ (tj & 7)) << 4),
                           base + (int64_t(p.page_size) * kLatentDim + in_page * 128) + c * 16,
                           ok ? 16 : 0);
           }
@@ -319,14 +315,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       prod_page = pages[kAhead];
     }
     int read_slot = 0;  // the tile being consumed; slot read_slot + kAhead is refilled
-    int stage_buf = 0;  // 8-bit: the staging tile holding read_slot's tile, dequantized
-    if constexpr (kKv8) {
-      // The round's first tile: each later tile is dequantized one iteration ahead.
-      cp_async_wait<kAhead - 1>();
-      __syncthreads();
-      dequant_tile<Tr, T, kFmt>(smem + Tr::kKvOff, smem + Tr::kStageOff, stage_scale, stage_smax,
-                                tid);
-    }
 
     for (int pi = 0; pi < n; ++pi) {
       const int tok_begin = pieces[pi].begin, tok_end = pieces[pi].end;
@@ -337,7 +325,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       // q fragments of this warp: rows g*kRowsPerGroup + mf*16 + lane/4 (+8), dims of group d.
       // The last k-step (the rope dims 512..575) goes to shared memory instead and is read with
       // ldmatrix every tile: it frees 4 kMFrags registers for a negligible share of smem traffic.
+      // 8-bit: fp16 fragments of dims 128 d + 32 t .. (kv8_dequant.cuh), q_unscale = 2^-e_row.
       uint32_t qf[kMFrags][kQkSteps - 1][4];
+      [[maybe_unused]] float q_unscale[kMFrags][2];
 #pragma unroll
       for (int mf = 0; mf < kMFrags; ++mf) {
 #pragma unroll
@@ -345,13 +335,21 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           const int row = row0 + g * Tr::kRowsPerGroup + mf * 16 + (lane >> 2) + hf * 8;
           const bool valid = row < p.num_rows;
           const int s = valid ? row / p.h_q : 0, h = valid ? row % p.h_q : 0;
-          const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
-              q + int64_t(pieces[pi].req) * p.q_batch_stride + int64_t(s) * p.q_seq_stride +
-              int64_t(h) * p.q_head_stride + d * 16 + 2 * (lane & 3));
+          const T* qrow = q + int64_t(pieces[pi].req) * p.q_batch_stride +
+                          int64_t(s) * p.q_seq_stride + int64_t(h) * p.q_head_stride;
+          if constexpr (kKv8) {
+            static_assert(kQkSteps - 1 == 8, "");
+            // (times 1 / kv8_code_unit: the fragments hold the codes times that unit)
+            q_unscale[mf][hf] =
+                kv8_q_fragments<T>(qrow + d * 128 + 32 * (lane & 3), valid, qf[mf], hf) *
+                (1.f / kv8_code_unit<kFmt>());
+          } else {
+            const uint32_t* qw = reinterpret_cast<const uint32_t*>(qrow + d * 16 + 2 * (lane & 3));
 #pragma unroll
-          for (int ks = 0; ks < kQkSteps - 1; ++ks) {  // dims 16 * (4 ks + d) ..
-            qf[mf][ks][hf] = valid ? __ldg(qrow + ks * 32) : 0u;
-            qf[mf][ks][2 + hf] = valid ? __ldg(qrow + ks * 32 + 4) : 0u;
+            for (int ks = 0; ks < kQkSteps - 1; ++ks) {  // dims 16 * (4 ks + d) ..
+              qf[mf][ks][hf] = valid ? __ldg(qw + ks * 32) : 0u;
+              qf[mf][ks][2 + hf] = valid ? __ldg(qw + ks * 32 + 4) : 0u;
+            }
           }
         }
       }
@@ -391,13 +389,13 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         const int row = row0 + srow;
         m_s[t] = -INFINITY;
         l_s[t] = 0.f;
-        if constexpr (kPNorm) unit_s[t] = 1.f;
+        if constexpr (kKv8) unit_s[t] = 1.f;
         vis_s[t] = row < p.num_rows ? visible_len(pieces[pi].seqlen, p.s_q, row / p.h_q) : 0;
       }
 
-      // ---- 3. O = alpha * O + P V over this warp's 128 output dims, for the 16-bit tile at
-      // `tile` (a lambda: kDeferPv's row group 1 runs it for the previous tile) ----
-      auto pv = [&](const uint32_t tile) {
+      // ---- 3. O = alpha * O + P V over this warp's 128 output dims, for the ring tile at byte
+      // offset `tile_off` (a lambda: kDeferPv's row group 1 runs it for the previous tile) ----
+      auto pv = [&](const int tile_off) {
         // Once the running max settles alpha is exactly 1: skipping the multiply is then
         // bit-identical and saves 64 kMFrags instructions per tile.
         float a[kMFrags][2];
@@ -429,30 +427,22 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
             ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
           }
-          uint32_t pl[kPSplit ? kMFrags : 1][4];
-          if constexpr (kPSplit) {
+          if constexpr (kKv8) {
+            kv8_pv_step<kFmt>(o_acc[0], pa[0], smem + Tr::kKvOff + tile_off, kt, d, lane);
+          } else {
+            // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
+            // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
+            const uint32_t v_addr = kv_smem + tile_off +
+                                    (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
+                                    (((2 * d + (lane >> 4)) ^ (lane & 7)) << 4);
 #pragma unroll
-            for (int mf = 0; mf < kMFrags; ++mf) {
-              const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
-              const int chunk = (2 * kt + (lane >> 4)) ^ p_swizzle<kBlockN>(r);
-              ldmatrix_x4(pl[mf], p_smem + Tr::kBlockM * kBlockN * 2 + r * kBlockN * 2 + (chunk << 4));
-            }
-          }
-          // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
-          // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
-          const uint32_t v_addr = tile + (kt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes +
-                                  (((2 * d + (lane >> 4)) ^ (lane & 7)) << 4);
+            for (int j = 0; j < kPvFrags / 2; ++j) {
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, v_addr + j * 128);
 #pragma unroll
-          for (int j = 0; j < kPvFrags / 2; ++j) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, v_addr + j * 128);
-#pragma unroll
-            for (int mf = 0; mf < kMFrags; ++mf) {
-              mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
-              mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
-              if constexpr (kPSplit) {
-                mma_16816<T>(o_acc[mf][2 * j], pl[mf], b[0], b[1]);
-                mma_16816<T>(o_acc[mf][2 * j + 1], pl[mf], b[2], b[3]);
+              for (int mf = 0; mf < kMFrags; ++mf) {
+                mma_16816<T>(o_acc[mf][2 * j], pa[mf], b[0], b[1]);
+                mma_16816<T>(o_acc[mf][2 * j + 1], pa[mf], b[2], b[3]);
               }
             }
           }
@@ -460,30 +450,20 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       };
 
       for (int tile_tok = tok_begin; tile_tok < tok_end; tile_tok += kBlockN) {
-        // 16-bit: tile read_slot landed; slot read_slot + kAhead (the tile before the previous
-        // one with kDeferPv, else the previous one) is free. 8-bit: tiles
-        // read_slot and the next one landed; staging tile stage_buf is complete, the other one
-        // free (its PV finished last iteration).
-        cp_async_wait<kKv8 ? kAhead - 2 : kAhead - 1>();
+        // Tile read_slot landed; slot read_slot + kAhead (the tile before the previous one with
+        // kDeferPv, else the previous one) is free.
+        cp_async_wait<kAhead - 1>();
         __syncthreads();
         // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
         // and alpha rows are its own, and softmax(t) rewrites them only after the group's
         // barrier behind QK(t), which every warp of the group passes after this.
         if (Tr::kDeferPv && g == 1 && tile_tok != tok_begin)
-          pv(kv_smem + ((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
+          pv(((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
 
-        uint32_t tile;
-        if constexpr (kKv8) {
-          const int next_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
-          dequant_tile<Tr, T, kFmt>(smem + Tr::kKvOff + next_slot * Tr::kKvTileBytes,
-                                    smem + Tr::kStageOff + (stage_buf ^ 1) * Tr::kTile16Bytes,
-                                    stage_scale + (stage_buf ^ 1) * kBlockN,
-                                    stage_smax + (stage_buf ^ 1), fresh_tid());
-          tile = smem_u32(smem + Tr::kStageOff) + stage_buf * Tr::kTile16Bytes;
-        } else {
-          tile = kv_smem + read_slot * Tr::kKvTileBytes;
-        }
-        const float* tile_scale = stage_scale + stage_buf * kBlockN;
+        const int tile_off = read_slot * Tr::kKvTileBytes;
+        const uint32_t tile = kv_smem + tile_off;
+        [[maybe_unused]] const uint8_t* tile8 = smem + Tr::kKvOff + tile_off;
+        [[maybe_unused]] const float* tile_scale = reinterpret_cast<const float*>(tile8 + Tr::kKv8ScaleOff);
 
         // ---- 1. partial scores over this warp's 144 dims ----
         {
@@ -496,54 +476,62 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               for (int nf = 0; nf < kNFrags; ++nf)
 #pragma unroll
                 for (int k = 0; k < 4; ++k) s_acc[a][mf][nf][k] = 0.f;
-          // ldmatrix.x4 rows: tokens (lane & 7) + 8 * (lane >> 4), chunk + ((lane >> 3) & 1).
-          // Step ks covers chunks 8 ks + 2 d (+1): the swizzle only touches the low 3 bits, so
-          // one base address serves every step.
-          const uint32_t k_addr = tile + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes +
-                                  (((2 * d + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
+          uint32_t qpe[kMFrags][4];  // the rope step's A fragments (q_pe, from shared memory)
 #pragma unroll
-          for (int ks = 0; ks < kQkSteps; ++ks) {
-            uint32_t qpe[kMFrags][4];
-            if (ks == kQkSteps - 1) {
+          for (int mf = 0; mf < kMFrags; ++mf) {
+            const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
+            ldmatrix_x4(qpe[mf], qpe_smem + r * 128 + (((2 * d + (lane >> 4)) ^ (r & 7)) << 4));
+          }
+          if constexpr (kKv8) {
+            // Latent dims 128 d .. + 127 from the 8-bit codes, then s = scale_t 2^-e_row s.
+            kv8_qk_latent<kFmt, kNFrags>(s_acc[0][0], qf[0], tile8, d, lane);
 #pragma unroll
-              for (int mf = 0; mf < kMFrags; ++mf) {
-                const int r = g * Tr::kRowsPerGroup + mf * 16 + (lane & 15);
-                ldmatrix_x4(qpe[mf], qpe_smem + r * 128 + (((2 * d + (lane >> 4)) ^ (r & 7)) << 4));
-              }
+            for (int nf = 0; nf < kNFrags; ++nf) {
+              const float2 sc2 =
+                  *reinterpret_cast<const float2*>(tile_scale + nf * 8 + 2 * (lane & 3));
+#pragma unroll
+              for (int k = 0; k < 4; ++k)
+                s_acc[0][0][nf][k] *= ((k & 1) ? sc2.y : sc2.x) * q_unscale[0][k >> 1];
             }
-            if constexpr (kScoreScale) {
-              if (ks == kQkSteps - 1) {
-                // The latent steps are done: s = scale_t * (q_lat . k_q), then the rope adds.
-#pragma unroll
-                for (int nf = 0; nf < kNFrags; ++nf) {
-                  const float2 sc2 =
-                      *reinterpret_cast<const float2*>(tile_scale + nf * 8 + 2 * (lane & 3));
-#pragma unroll
-                  for (int mf = 0; mf < kMFrags; ++mf)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                      float v = s_acc[0][mf][nf][k];
-                      if (kAccSets == 2) {
-                        v += s_acc[kAccSets - 1][mf][nf][k];
-                        s_acc[kAccSets - 1][mf][nf][k] = 0.f;
-                      }
-                      s_acc[0][mf][nf][k] = v * ((k & 1) ? sc2.y : sc2.x);
-                    }
-                }
-              }
-            }
+            // The rope step: dims 512 + 16 d .. + 15, bf16 in the cache (fp16 q: converted,
+            // exact inside fp16's range). ldmatrix.x4 rows: tokens (lane & 7) + 8 (lane >> 4),
+            // chunk 2 d + ((lane >> 3) & 1) of the 128-byte rope rows.
+            const uint32_t r_addr = tile + Tr::kKv8RopeOff +
+                                    ((lane & 7) + ((lane >> 4) << 3)) * (kRopeDim * 2) +
+                                    (((2 * d + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
 #pragma unroll
             for (int np = 0; np < kNFrags / 2; ++np) {
               uint32_t b[4];
-              ldmatrix_x4(b, k_addr + np * 16 * kRowBytes + ks * 128);
+              ldmatrix_x4(b, r_addr + np * 16 * (kRopeDim * 2));
+              if constexpr (std::is_same<T, __half>::value) {
 #pragma unroll
-              for (int mf = 0; mf < kMFrags; ++mf) {
-                const uint32_t(&a)[4] = ks == kQkSteps - 1 ? qpe[mf] : qf[mf][ks < kQkSteps - 1 ? ks : 0];
-                // (8-bit, bf16: the rope step goes to set 0, which holds the scaled latent.)
-                constexpr int kSetRope = 0;
-                const int set = (kScoreScale && ks == kQkSteps - 1) ? kSetRope : ks % kAccSets;
-                mma_16816<T>(s_acc[set][mf][2 * np], a, b[0], b[1]);
-                mma_16816<T>(s_acc[set][mf][2 * np + 1], a, b[2], b[3]);
+                for (int k = 0; k < 4; ++k) {
+                  const float2 f = unpack2<__nv_bfloat16>(b[k]);
+                  b[k] = pack2<__half>(f.x, f.y);
+                }
+              }
+              mma_16816<T>(s_acc[0][0][2 * np], qpe[0], b[0], b[1]);
+              mma_16816<T>(s_acc[0][0][2 * np + 1], qpe[0], b[2], b[3]);
+            }
+          } else {
+            // ldmatrix.x4 rows: tokens (lane & 7) + 8 * (lane >> 4), chunk + ((lane >> 3) & 1).
+            // Step ks covers chunks 8 ks + 2 d (+1): the swizzle only touches the low 3 bits, so
+            // one base address serves every step.
+            const uint32_t k_addr = tile + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes +
+                                    (((2 * d + ((lane >> 3) & 1)) ^ (lane & 7)) << 4);
+#pragma unroll
+            for (int ks = 0; ks < kQkSteps; ++ks) {
+#pragma unroll
+              for (int np = 0; np < kNFrags / 2; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_addr + np * 16 * kRowBytes + ks * 128);
+#pragma unroll
+                for (int mf = 0; mf < kMFrags; ++mf) {
+                  const uint32_t(&a)[4] =
+                      ks == kQkSteps - 1 ? qpe[mf] : qf[mf][ks < kQkSteps - 1 ? ks : 0];
+                  mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np], a, b[0], b[1]);
+                  mma_16816<T>(s_acc[ks % kAccSets][mf][2 * np + 1], a, b[2], b[3]);
+                }
               }
             }
           }
@@ -622,10 +610,17 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           l_s[tid] = l_run * alpha + ps;
           m_s[tid] = m_new;
           float o_alpha = alpha;
-          if constexpr (kPNorm) {
+          if constexpr (kKv8) {
             // O moves to units of this tile's largest scale (a tile of unloaded tokens keeps
-            // the old unit); P <= 1 stays out of fp16's subnormals.
-            const float unit_prev = unit_s[tid], smax = stage_smax[stage_buf];
+            // the old unit: their scales were zero-filled); P <= 1 stays out of fp16's
+            // subnormals. PV multiplies the unscaled codes, so P carries the token scales.
+            float smax = 0.f;
+#pragma unroll
+            for (int k = 0; k < kSoftTokens; ++k) smax = fmaxf(smax, tile_scale[st0 + k]);
+#pragma unroll
+            for (int o = 1; o < kSoftTpr; o <<= 1)
+              smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+            const float unit_prev = unit_s[tid];
             const float unit = smax > 0.f ? smax : unit_prev;
             const float inv_unit = 1.f / unit;
             o_alpha = alpha * (unit_prev * inv_unit);
@@ -636,33 +631,19 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           if (lane % kSoftTpr == 0) alpha_s[srow] = o_alpha;
           uint8_t* pdst = smem + Tr::kPOff + srow * kBlockN * 2 +
                           (((st0 >> 3) ^ p_swizzle<kBlockN>(srow)) << 4) + (st0 & 7) * 2;
-          // 8-bit: PV multiplies the unscaled staged values, P carries the token scales (zero for
-          // tokens not loaded, so no 0 * NaN). The row sum above used the unscaled p.
-          if constexpr (kPSplit) {
 #pragma unroll
-            for (int k = 0; k < kSoftTokens; ++k) sc[k] *= tile_scale[st0 + k];
-          }
-#pragma unroll
-          for (int k = 0; k < kSoftTokens; k += 2) {
-            const uint32_t hi = pack2<T>(sc[k], sc[k + 1]);
-            *reinterpret_cast<uint32_t*>(pdst + k * 2) = hi;
-            if constexpr (kPSplit) {  // the bf16 rounding error of P, as a second bf16 P
-              const float r0 = sc[k] - __uint_as_float(hi << 16);
-              const float r1 = sc[k + 1] - __uint_as_float(hi & 0xffff0000u);
-              *reinterpret_cast<uint32_t*>(pdst + Tr::kBlockM * kBlockN * 2 + k * 2) = pack2<T>(r0, r1);
-            }
-          }
+          for (int k = 0; k < kSoftTokens; k += 2)
+            *reinterpret_cast<uint32_t*>(pdst + k * 2) = pack2<PT>(sc[k], sc[k + 1]);
         }
         named_barrier(1 + g, Tr::kDimGroups * 32);
 
         // ---- 3. P V (row group 1 of kDeferPv runs it one tile late, see above) ----
-        if (!Tr::kDeferPv || g == 0) pv(tile);
+        if (!Tr::kDeferPv || g == 0) pv(tile_off);
         read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
-        stage_buf ^= 1;
       }
       // Row group 1's deferred P V of the piece's last tile (its slot is refilled two tiles on).
       if (Tr::kDeferPv && g == 1 && tok_end > tok_begin)
-        pv(kv_smem + ((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
+        pv(((read_slot + kStages - 1) % kStages) * Tr::kKvTileBytes);
 
       // ---- epilogue: normalize by the row sums, write out/lse or the split partials ----
       {
@@ -677,8 +658,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         if (lane % kSoftTpr == 0) {
           const float m_run = m_s[fresh_tid()];
           const bool empty = !(l > 0.f);
-          float unit = 1.f;  // fp16 q on an 8-bit cache: O is in units of the last tile's scale
-          if constexpr (kPNorm) unit = unit_s[fresh_tid()];
+          float unit = 1.f;  // 8-bit caches: O is in units of the last tile's largest scale
+          if constexpr (kKv8) unit = unit_s[fresh_tid()] * (1.f / kv8_code_unit<kFmt>());
           inv_l_s[srow] = empty ? 0.f : unit / l;
           const int row = row0 + srow;
           if (row < p.num_rows && e.write != kWriteNone) {
@@ -700,21 +681,41 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               const int row = row0 + r;
               if (row >= p.num_rows) continue;
               const float inv = inv_l_s[r];
-              const int col = d * 16 + 2 * (lane & 3);  // n8 fragment nf: + 64 (nf/2) + 8 (nf%2)
+              // Output pair i (i < kPvFrags) of this thread's row: dims (col, col + 1), values.
+              // 16-bit: fragment i, dims d * 16 + 2 t + 64 (i / 2) + 8 (i % 2). 8-bit (dims
+              // permuted, kv8_dequant.cuh): dims 128 d + 32 t + 2 i' + 16 h, fragments 2 i', 2 i' + 1.
+              auto pair = [&](int i, int& col, float& v0, float& v1) {
+                if constexpr (kKv8) {
+                  const int h = i >> 3, i2 = 2 * (i & 7);
+                  col = d * 128 + 32 * (lane & 3) + 16 * h + i2;
+                  v0 = o_acc[mf][i2][2 * hf + h] * inv;
+                  v1 = o_acc[mf][i2 + 1][2 * hf + h] * inv;
+                } else {
+                  col = d * 16 + 2 * (lane & 3) + (i >> 1) * 64 + (i & 1) * 8;
+                  v0 = o_acc[mf][i][2 * hf] * inv;
+                  v1 = o_acc[mf][i][2 * hf + 1] * inv;
+                }
+              };
               if (e.write == kWriteOut) {
                 const int s = row / p.h_q, h = row % p.h_q;
                 T* o = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
-                       int64_t(s) * p.o_seq_stride + int64_t(h) * p.o_head_stride + col;
+                       int64_t(s) * p.o_seq_stride + int64_t(h) * p.o_head_stride;
 #pragma unroll
-                for (int nf = 0; nf < kPvFrags; ++nf)
-                  *reinterpret_cast<uint32_t*>(o + (nf >> 1) * 64 + (nf & 1) * 8) =
-                      pack2<T>(o_acc[mf][nf][2 * hf] * inv, o_acc[mf][nf][2 * hf + 1] * inv);
+                for (int i = 0; i < kPvFrags; ++i) {
+                  int col;
+                  float v0, v1;
+                  pair(i, col, v0, v1);
+                  *reinterpret_cast<uint32_t*>(o + col) = pack2<T>(v0, v1);
+                }
               } else {
-                float* o = p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim + col;
+                float* o = p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim;
 #pragma unroll
-                for (int nf = 0; nf < kPvFrags; ++nf)
-                  *reinterpret_cast<float2*>(o + (nf >> 1) * 64 + (nf & 1) * 8) =
-                      make_float2(o_acc[mf][nf][2 * hf] * inv, o_acc[mf][nf][2 * hf + 1] * inv);
+                for (int i = 0; i < kPvFrags; ++i) {
+                  int col;
+                  float v0, v1;
+                  pair(i, col, v0, v1);
+                  *reinterpret_cast<float2*>(o + col) = make_float2(v0, v1);
+                }
               }
             }
         }

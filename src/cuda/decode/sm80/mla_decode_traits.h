@@ -6,10 +6,11 @@
 // owns 144 of the 576 dims (split-K, partial scores reduced through shared memory), for PV it owns
 // 128 of the 512 output dims. Every warp works on every KV tile.
 //
-// 8-bit caches (kKv8): the ring holds tiles in the page's own sectioned layout (kBlockN x 512
-// latent bytes | kBlockN x 128 rope bytes | kBlockN fp32 scales, 644 B per token), and two 16-bit
-// staging tiles in the 16-bit ring's layout take the dequantized tile the mma path reads: tile
-// k + 1 is dequantized while tile k is consumed, so no extra barrier per tile.
+// 8-bit caches (kKv8): the ring holds tiles in the page's own sections (kBlockN x 512 latent
+// bytes | kBlockN x 128 rope bytes | kBlockN fp32 scales, 644 B per token), 16-byte chunks
+// XOR-swizzled by the token like the 16-bit tiles. The warps read the 8-bit bytes straight into
+// registers and convert them while building the mma fragments (kv8_dequant.cuh): no staging pass
+// through shared memory, and the latent mma runs in fp16 for either q dtype.
 #pragma once
 
 #include "core/mla_shape.h"
@@ -59,38 +60,29 @@ struct MlaDecodeTraits {
 
   static constexpr int kMaxPieces = 8;  // pieces of a worker staged in shared memory at once
 
-  // Shared memory (bytes), all dynamic: KV ring | 16-bit staging (8-bit caches) | partial scores
-  // | P | row stats (alpha, 1/l, running max and sum, causal limit) | token flags | q_pe |
-  // staged scales (8-bit) | piece list.
-  static constexpr int kTile16Bytes = kBlockN * kHeadDim * 2;  // a tile as the mma path reads it
-  static constexpr int kKvTileBytes = kKv8 ? kBlockN * kBytesPerToken8bit : kTile16Bytes;
+  // Shared memory (bytes), all dynamic: KV ring | partial scores | P | row stats (alpha, 1/l,
+  // running max and sum, causal limit; 8-bit: the O unit) | token flags | q_pe | piece list.
+  static constexpr int kKvTileBytes = kKv8 ? kBlockN * kBytesPerToken8bit : kBlockN * kHeadDim * 2;
   static constexpr int kKv8RopeOff = kBlockN * kLatentDim;         // inside an 8-bit ring tile
   static constexpr int kKv8ScaleOff = kBlockN * (kLatentDim + kRopeDim * 2);
   static constexpr int kKvOff = 0;
-  static constexpr int kStageOff = kKvOff + kStages * kKvTileBytes;
-  static constexpr int kStageBytes = kKv8 ? 2 * kTile16Bytes : 0;
-  static constexpr int kSpartOff = kStageOff + kStageBytes;
+  static constexpr int kSpartOff = kKvOff + kStages * kKvTileBytes;
   static constexpr int kSpartBytes = kDimGroups * kBlockM * kBlockN * 4;
   static constexpr int kPOff = kSpartOff + kSpartBytes;
-  // 8-bit, bf16 q: P as hi + lo bf16 pairs (the second half), see kv8_dequant.cuh.
-  static constexpr int kPBytes = kBlockM * kBlockN * 2 * (kKv8 ? 2 : 1);
+  static constexpr int kPBytes = kBlockM * kBlockN * 2;  // q's dtype; fp16 for 8-bit caches
   static constexpr int kAlphaOff = kPOff + kPBytes;
   static constexpr int kInvLOff = kAlphaOff + kBlockM * 4;
   static constexpr int kRowMaxOff = kInvLOff + kBlockM * 4;  // softmax state: one slot per thread
   static constexpr int kRowSumOff = kRowMaxOff + kNumThreads * 4;
   static constexpr int kVisOff = kRowSumOff + kNumThreads * 4;
-  static constexpr int kTokOkOff = kVisOff + kNumThreads * 4;
+  // 8-bit: the unit of each softmax thread's O (P is normalized by the tile's largest scale).
+  static constexpr int kUnitOff = kVisOff + kNumThreads * 4;
+  static constexpr int kUnitBytes = kKv8 ? kNumThreads * 4 : 0;
+  static constexpr int kTokOkOff = kUnitOff + kUnitBytes;
   static constexpr int kTokOkBytes = (kStages * kBlockN + 15) / 16 * 16;
   static constexpr int kQpeOff = kTokOkOff + kTokOkBytes;  // q_pe of the block's rows
   static constexpr int kQpeBytes = kBlockM * kRopeDim * 2;
-  // 8-bit only: staged scales [2][kBlockN] fp32 and their maxima [2] (+ pad). The unit of each
-  // softmax thread's O accumulator (fp16 q: P is normalized by the tile's largest scale) shares
-  // the second half of P, which only bf16 q uses.
-  static constexpr int kScaleOff = kQpeOff + kQpeBytes;
-  static constexpr int kScaleMaxOff = kScaleOff + 2 * kBlockN * 4;
-  static constexpr int kUnitOff = kPOff + kBlockM * kBlockN * 2;
-  static constexpr int kScaleBytes = kKv8 ? 2 * kBlockN * 4 + 16 : 0;
-  static constexpr int kPieceOff = kScaleOff + kScaleBytes;
+  static constexpr int kPieceOff = kQpeOff + kQpeBytes;
   static constexpr int kPieceBytes = kMaxPieces * 32 + 16;  // + count words
   static constexpr int kSmemBytes = kPieceOff + kPieceBytes;
 
@@ -99,11 +91,9 @@ struct MlaDecodeTraits {
   static_assert(kBlockN == 16 || kBlockN == 32, "score swizzles are written for 16 or 32 tokens");
   static_assert(kSoftTokens >= 2 && kTokPerThread * kTokStride == kBlockN, "");
   static_assert(kTokPerThread == 1 || kTokStride % 8 == 0, "one swizzle for a thread's tokens");
-  static_assert(kStages >= (kKv8 ? 3 : 2), "8-bit: tiles k and k + 1 resident while k + 2 loads");
-  // (8-bit plus deferral would keep a third tile resident: kStages >= 4 and a check of the
-  // dequant-ahead ordering; not instantiated.)
+  static_assert(kStages >= 2, "");
   static_assert(!kDeferPv || (kRowGroups == 2 && kStages >= 3 && !kKv8), "");
-  static_assert(!kKv8 || kBlockM * kBlockN * 2 >= kNumThreads * 4, "the fp16 units fit P's half");
+  static_assert(!kKv8 || kMFrags == 1, "8-bit: one row fragment per warp (o_acc holds 128 dims)");
   static_assert(kKvTileBytes % 16 == 0 && kKv8RopeOff % 16 == 0 && kKv8ScaleOff % 16 == 0, "");
 };
 
@@ -115,10 +105,9 @@ using MlaTraitsM16 = MlaDecodeTraits<1, 1, 32, 2>;
 using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;  // 17..32 rows
 // > 32 rows, compute-bound (h_q = 128): deferred P V for row group 1 (kDeferPv above).
 using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3, false, true>;
-// 8-bit caches: the ring is as deep as sm_86's budget allows beside the staging. Warps hold one
-// 16-row fragment (the dequantized scores and the hi/lo P need the registers two would take
-// without spilling on sm_86): more than 16 rows run in 32-row tiles of 8 warps.
-using MlaTraits8M16 = MlaDecodeTraits<1, 1, 16, 5, true>;  // <= 16 rows
-using MlaTraits8M32 = MlaDecodeTraits<1, 2, 16, 4, true>;  // > 16 rows, 32 per block
+// 8-bit caches: 32-token tiles (20,608 B each), one 16-row fragment per warp; more than 16 rows
+// run in 32-row tiles of 8 warps.
+using MlaTraits8M16 = MlaDecodeTraits<1, 1, 32, 4, true>;  // <= 16 rows
+using MlaTraits8M32 = MlaDecodeTraits<1, 2, 32, 3, true>;  // > 16 rows, 32 per block
 
 }  // namespace kf::cuda
