@@ -220,4 +220,47 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
   }
 }
 
+// The closed form the GPU's parallel metadata kernel evaluates (one value per thread), run here
+// step by step: the same bytes as build_schedule's walk.
+std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, int h_q, int s_q,
+                                          int W) {
+  const int batch = int(seqlens.size());
+  std::vector<int32_t> meta(size_t(kf::metadata_size(batch, W)), -777);
+  std::vector<int64_t> seg_prefix(batch + 1, 0);
+  for (int r = 0; r < batch; ++r)
+    seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]));
+  std::vector<kf::SchedCut> cut(W + 1);
+  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, W, w);
+  std::vector<int> nb(W + 1, 0);  // boundaries among cuts 1..w
+  for (int w = 1; w <= W; ++w) nb[w] = nb[w - 1] + kf::schedule_boundary(cut[w - 1], cut[w]);
+  for (int w = 0; w < W; ++w)
+    kf::write_meta_worker(meta.data(), w, cut[w], cut[w + 1], cut[w].req + nb[w]);
+  int32_t* piece_offset = meta.data() + kf::kMetaHeaderLen + W * kf::kMetaWorkerLen;
+  for (int r = 0; r <= batch; ++r) {
+    int last = -1;  // the last cut in a request before r
+    for (int w = 0; w <= W; ++w)
+      if (cut[w].req < r) last = w;
+    piece_offset[r] = r + (last < 0 ? 0 : nb[last]);
+  }
+  kf::write_meta_header(meta.data(), batch, h_q, s_q, W, batch + nb[W]);
+  return meta;
+}
+
+TEST(Scheduler, ClosedFormEqualsTheWalk) {
+  auto rng = test_rng();
+  std::uniform_int_distribution<int> kind(0, 4);
+  for (int i = 0; i < 400; ++i) {
+    Sched s = random_sched(rng);
+    if (i % 5 == 0) {  // lengths near INT32_MAX (64-bit cost sums), zeros, ones
+      for (auto& x : s.seqlens) {
+        const int k = kind(rng);
+        x = k == 0 ? INT32_MAX - int(rng() % 1000) : k == 1 ? 0 : k == 2 ? 1 : x;
+      }
+      s.build();
+    }
+    ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W), s.meta)
+        << "case " << i << ": batch " << s.batch() << " W " << s.W;
+  }
+}
+
 }  // namespace

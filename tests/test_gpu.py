@@ -114,6 +114,27 @@ def test_metadata_matches_cpu(rng):
     assert np.array_equal(gpu_meta.cpu().numpy(), cpu_meta)
 
 
+def test_metadata_matches_cpu_random_batches(rng):
+    """The GPU's parallel (closed-form) scheduler writes the CPU walk's bytes: random batches and
+    worker counts (more workers than tiles included), lengths 0, 1, ordinary and near INT32_MAX,
+    and batches too large for its shared memory (the walk on the GPU)."""
+    torch = torch_mod()
+    for trial in range(200):
+        batch = int(rng.choice([1, 2, 7, 33, 128, 500, 2000]))
+        if trial >= 195:
+            batch = 6000 + trial  # past the closed form's shared memory: the fallback
+        workers = int(rng.integers(1, 1200))
+        kind = rng.integers(0, 5, batch)
+        sl = np.where(kind == 0, 0, np.where(kind == 1, 1, rng.integers(1, 70000, batch)))
+        if trial % 7 == 0:
+            sl = np.where(kind == 2, 2**31 - 1 - rng.integers(0, 1000, batch), sl)
+        sl = sl.astype(np.int32)
+        h_q, s_q = int(rng.choice([1, 16, 128])), int(rng.integers(1, 5))
+        gpu = kf.get_mla_metadata(torch.from_numpy(sl).cuda(), h_q, s_q, num_workers=workers)
+        cpu = kf.get_mla_metadata(sl, h_q, s_q, num_workers=workers)
+        assert np.array_equal(gpu.cpu().numpy(), cpu), f"trial {trial}: b={batch} W={workers}"
+
+
 def test_cuda_graph_replay_equals_eager(rng):
     """Metadata + decode captured once; replays with new lengths and new block tables give
     the bits of eager calls."""

@@ -68,6 +68,60 @@ KF_HD int sched_tiles(int seqlen) {
   return seqlen <= 0 ? 0 : int((int64_t(seqlen) + kSchedBlockN - 1) / kSchedBlockN);
 }
 
+// ---- The same schedule in closed form, for the GPU's parallel metadata kernel ----
+// With S[r] = sum of seg_len over requests < r (S[0] = 0, S[batch] = T), the cut between
+// workers w - 1 and w (0 < w < W) lies at c_w = floor(w T / W): in the first request r with
+// S[r + 1] > c_w, at tile c_w - S[r] - kFixedCost (0 if that is not positive). Cut 0 is (0, 0),
+// cut W is (batch, 0). Cut w is a piece boundary when it splits a request and differs from cut
+// w - 1; with nb(w) the number of boundaries among cuts 1..w, worker w's first piece is
+// cut_req(w) + nb(w), request r's first piece is r + (boundaries in requests before r), and the
+// batch has batch + nb(W) pieces. build_schedule's walk yields exactly these values (checked on
+// the CPU over random batches in cpp_tests/test_scheduler.cpp).
+struct SchedCut {
+  int req, tile;
+};
+KF_HD int64_t sched_seg_len(int seqlen) { return sched_tiles(seqlen) + kFixedCost; }
+KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers, int w) {
+  if (w <= 0) return {0, 0};
+  if (w >= num_workers) return {batch, 0};
+  const int64_t total = seg_prefix[batch];
+  const int64_t c = total / num_workers * w + total % num_workers * w / num_workers;
+  int lo = 0, hi = batch;  // the first r with seg_prefix[r + 1] > c, or batch
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (seg_prefix[mid + 1] > c)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const int64_t o = c - seg_prefix[lo];
+  return {lo, (lo < batch && o > kFixedCost) ? int(o - kFixedCost) : 0};
+}
+KF_HD bool schedule_boundary(SchedCut prev, SchedCut cut) {
+  return cut.tile > 0 && (cut.req != prev.req || cut.tile != prev.tile);
+}
+KF_HD void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedCut end, int first_piece) {
+  int32_t* wk = meta_worker(meta, w);
+  wk[kWStartReq] = start.req;
+  wk[kWStartTile] = start.tile;
+  wk[kWEndReq] = end.req;
+  wk[kWEndTile] = end.tile;
+  wk[kWFirstPiece] = first_piece;
+  for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
+}
+KF_HD void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num_workers,
+                             int total_pieces) {
+  meta[kMetaMagicIdx] = kMetaMagic;
+  meta[kMetaVersionIdx] = kMetaVersion;
+  meta[kMetaBatchIdx] = batch;
+  meta[kMetaHqIdx] = h_q;
+  meta[kMetaSqIdx] = s_q;
+  meta[kMetaWorkersIdx] = num_workers;
+  meta[kMetaBlockNIdx] = kSchedBlockN;
+  meta[kMetaTotalPiecesIdx] = total_pieces;
+  for (int i = kMetaTotalPiecesIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
+}
+
 // Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
 // does not see the block table; decode clamps each piece to what the block table addresses). Sequential, O(batch +
 // num_workers): the GPU runs it in one thread over shared memory (see cuda/sched/).
@@ -149,15 +203,7 @@ KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, i
     wk[kWFirstPiece] = (sr < batch ? piece_offset[sr] : acc) + run_k;
     for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
   }
-  meta[kMetaMagicIdx] = kMetaMagic;
-  meta[kMetaVersionIdx] = kMetaVersion;
-  meta[kMetaBatchIdx] = batch;
-  meta[kMetaHqIdx] = h_q;
-  meta[kMetaSqIdx] = s_q;
-  meta[kMetaWorkersIdx] = num_workers;
-  meta[kMetaBlockNIdx] = kSchedBlockN;
-  meta[kMetaTotalPiecesIdx] = acc;
-  for (int i = kMetaTotalPiecesIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
+  write_meta_header(meta, batch, h_q, s_q, num_workers, acc);
 }
 
 // One piece of work: request `req`, tokens [token_begin, token_end), split index `piece`
