@@ -31,6 +31,9 @@
 #include "cuda/decode/sm80/kv8_dequant.cuh"
 #include "cuda/decode/sm80/mla_decode_sm80.h"
 #include "cuda/launch.h"
+#ifdef KF_TIMELINE
+#include "cuda/common/timeline.cuh"
+#endif
 
 using namespace kf;
 
@@ -523,6 +526,55 @@ struct TimeResult {
 };
 
 static bool g_profile = false;  // --profile: one rotation, one timed launch (for ncu)
+static bool g_timeline = false;  // --timeline (KF_TIMELINE builds): per-block timestamps
+
+#ifdef KF_TIMELINE
+// One eager call with the decode's per-block timestamps (src/cuda/common/timeline.cuh), summarized
+// relative to the first block's entry: where a call's time goes besides streaming.
+static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what) {
+  const int blocks = p.num_workers * (p.num_rows <= 32 ? 1 : (p.num_rows + 63) / 64);
+  const size_t words = cuda::kTimelineHeader + size_t(blocks) * cuda::kTimelineSlots;
+  std::vector<unsigned long long> init(words, 0);
+  init[0] = ~0ull;
+  DevBuf<unsigned long long> tl(words);
+  tl.up(init);
+  p.timeline = tl.p;
+  for (int i = 0; i < 3; ++i) {  // warm, then the recorded call
+    if (i == 2) CK(cudaMemcpyAsync(tl.p, init.data(), words * 8, cudaMemcpyHostToDevice, st));
+    CK(cuda::launch_mla_decode(p, st));
+  }
+  CK(cudaStreamSynchronize(st));
+  const auto v = tl.down();
+  auto slot = [&](int b, int s) { return v[cuda::kTimelineHeader + size_t(b) * cuda::kTimelineSlots + s]; };
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < blocks; ++b) t0 = std::min(t0, slot(b, cuda::kTlEntry));
+  auto us = [&](unsigned long long t) { return t == 0 ? -1.0 : (double(t) - double(t0)) * 1e-3; };
+  std::vector<double> entry, pieces, first, exit_, stream, npieces, piece_gap;
+  for (int b = 0; b < blocks; ++b) {
+    entry.push_back(us(slot(b, cuda::kTlEntry)));
+    pieces.push_back(us(slot(b, cuda::kTlPieces)) - entry.back());
+    exit_.push_back(us(slot(b, cuda::kTlExit)));
+    npieces.push_back(double(slot(b, cuda::kTlNumPieces)));
+    if (slot(b, cuda::kTlFirstTile) != 0) {
+      first.push_back(us(slot(b, cuda::kTlFirstTile)) - entry.back());
+      stream.push_back(exit_.back() - us(slot(b, cuda::kTlFirstTile)));
+    }
+  }
+  auto q = [](std::vector<double> x, double f) {
+    if (x.empty()) return -1.0;
+    std::sort(x.begin(), x.end());
+    return x[std::min(x.size() - 1, size_t(f * x.size()))];
+  };
+  printf("[timeline %s] %d blocks; us from the first block's entry (median / p90 / max):\n", what, blocks);
+  printf("  entry              %7.2f %7.2f %7.2f\n", q(entry, .5), q(entry, .9), q(entry, 1));
+  printf("  piece list (+entry)%7.2f %7.2f %7.2f\n", q(pieces, .5), q(pieces, .9), q(pieces, 1));
+  printf("  first tile (+entry)%7.2f %7.2f %7.2f\n", q(first, .5), q(first, .9), q(first, 1));
+  printf("  first tile -> exit %7.2f %7.2f %7.2f\n", q(stream, .5), q(stream, .9), q(stream, 1));
+  printf("  exit               %7.2f %7.2f %7.2f  (min %.2f)\n", q(exit_, .5), q(exit_, .9), q(exit_, 1), q(exit_, 0));
+  printf("  pieces per block   %7.0f %7.0f %7.0f\n", q(npieces, .5), q(npieces, .9), q(npieces, 1));
+  if (v[0] != ~0ull) printf("  combine            start %.2f, end %.2f\n", us(v[0]), us(v[1]));
+}
+#endif
 
 static TimeResult time_decode(const Pools& pools, KvFormat f, int h_q, int batch, int s_k, int workers) {
   const int page = 64, pages_per_seq = s_k / page, rows = h_q;
@@ -545,6 +597,7 @@ static TimeResult time_decode(const Pools& pools, KvFormat f, int h_q, int batch
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<cudaGraphExec_t> execs;
+  [[maybe_unused]] MlaDecodeParams last_p{};
   const bool q8 = is_8bit(f);
   for (int r = 0; r < rot; ++r) {
     std::vector<int32_t> bt(perm.begin() + size_t(r) * need, perm.begin() + size_t(r + 1) * need);
@@ -568,6 +621,7 @@ static TimeResult time_decode(const Pools& pools, KvFormat f, int h_q, int batch
     p.o_head_stride = kLatentDim, p.lse = dlse.p;
     p.o_accum = reinterpret_cast<float*>(dws.p);
     p.lse_accum = reinterpret_cast<float*>(dws.p + workspace_o_accum_bytes(batch, rows, workers));
+    last_p = p;
     cudaGraph_t g;
     cudaGraphExec_t e;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -591,6 +645,14 @@ static TimeResult time_decode(const Pools& pools, KvFormat f, int h_q, int batch
   for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
   std::sort(ms.begin(), ms.end());
   const double us = ms[iters / 2] * 1e3;
+#ifdef KF_TIMELINE
+  if (g_timeline) {
+    char what[96];
+    snprintf(what, sizeof what, "%s h_q=%d b=%d s_k=%d workers=%d, graph median %.1f us", fmt_name(f),
+             h_q, batch, s_k, workers, us);
+    print_timeline(last_p, st, what);
+  }
+#endif
   for (auto& e : ev) cudaEventDestroy(e);
   for (auto e : execs) cudaGraphExecDestroy(e);
   for (auto* t : tables) delete t;
@@ -641,8 +703,13 @@ static void timings() {
            t16.us, 100 * t16.gbs / peak, t8.us, 100 * t8.gbs / peak, t16.us / t8.us, ti.us,
            100 * ti.gbs / peak, t16.us / ti.us);
   };
-  if (g_profile) {
+  if (g_profile) {  // h_q=16, b=64, s_k=16384 once per format, nothing else
     row(16, 64, 16384);
+    return;
+  }
+  if (g_timeline) {
+    for (int b : {1, 64, 128}) row(16, b, 4096);
+    row(128, 64, 4096);
     return;
   }
   for (int b : {1, 8, 16, 32, 64, 128}) row(16, b, 4096);
@@ -657,9 +724,11 @@ int main(int argc, char** argv) {
   bool do_time = true;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--no-time") do_time = false;
-  for (int i = 1; i < argc; ++i)
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--profile") g_profile = true;
-  if (g_profile) {  // h_q=16, b=64, s_k=16384 once per format, nothing else
+    if (std::string(argv[i]) == "--timeline") g_timeline = true;
+  }
+  if (g_profile || g_timeline) {  // a few rows only (see timings())
     timings();
     return 0;
   }

@@ -76,7 +76,7 @@ KF_API kf_status kf_mla_decode(const DLTensor* q, const DLTensor* kv_cache, kf_k
     const DecodeArgs a{q,        kv_cache,      kv_format, block_table, cache_seqlens, metadata,
                        softmax_scale, out,      lse,       workspace,   error_buffer};
     Device dev;
-    kf::MlaDecodeParams p;
+    kf::MlaDecodeParams p{};
     KF_CHECK(validate_decode_call(a, &dev, &p));
     KF_CHECK(check_backend(dev));
     if (!dev.cuda) KF_CHECK(check_decode_contents_host(p));

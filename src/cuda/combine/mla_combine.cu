@@ -18,6 +18,7 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/timeline.cuh"
 
 namespace kf::cuda {
 namespace {
@@ -48,6 +49,9 @@ __global__ void __launch_bounds__(kThreads)
 #endif
   __shared__ float w_s[kChunk];
   __shared__ float red[kThreads / 32];
+#ifdef KF_TIMELINE
+  if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
+#endif
   if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
   const int r = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const int32_t* piece_offset = meta_piece_offset(p.metadata, p.num_workers);
@@ -127,6 +131,9 @@ __global__ void __launch_bounds__(kThreads)
   reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(acc.x, acc.y);
   reinterpret_cast<uint32_t*>(out)[1] = pack2<T>(acc.z, acc.w);
   if (tid == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
+#ifdef KF_TIMELINE
+  if (p.timeline != nullptr && tid == 0) atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
+#endif
 }
 
 template <typename T>

@@ -49,6 +49,7 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/kv8_dequant.cuh"
 #include "cuda/decode/sm80/mla_decode_sm80.h"  // the declarations (default kFmt)
 #include "cuda/decode/sm80/mla_decode_traits.h"
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const int g = warp / Tr::kDimGroups, d = warp % Tr::kDimGroups;
   const int w = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
+  KF_TIMELINE_MARK(p, kTlEntry);
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine grid launch now: it waits for this grid's completion before reading.
@@ -216,6 +218,10 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     if (tid == 0) collect_pieces<Tr>(p, w, first, pieces, counts);
     __syncthreads();
     const int n = counts[0], total = counts[1];
+    if (first == 0) {
+      KF_TIMELINE_MARK(p, kTlPieces);
+      KF_TIMELINE_SET(p, kTlNumPieces, total);
+    }
 
     // ---- producer: the next tile to load, as (piece index, first token) ----
     auto normalize = [&](int& pi, int& tok) {
@@ -455,6 +461,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         // kDeferPv, else the previous one) is free.
         cp_async_wait<kAhead - 1>();
         __syncthreads();
+        if (first == 0 && pi == 0 && tile_tok == tok_begin) KF_TIMELINE_MARK(p, kTlFirstTile);
         // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
         // and alpha rows are its own, and softmax(t) rewrites them only after the group's
         // barrier behind QK(t), which every warp of the group passes after this.
@@ -721,11 +728,20 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             }
         }
       }
+      if (first == 0 && pi < 8) KF_TIMELINE_MARK(p, kTlPieceEnd + pi);
     }
     cp_async_wait<0>();
     if (first + Tr::kMaxPieces >= total) break;
     __syncthreads();  // everyone is done with this round's piece list
   }
+  KF_TIMELINE_MARK(p, kTlExit);
+#ifdef KF_TIMELINE
+  if (p.timeline != nullptr && threadIdx.x == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    KF_TIMELINE_SET(p, kTlSm, sm);
+  }
+#endif
 }
 
 // Launch one configuration; the attribute is set per call (cheap, allowed during capture).
