@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -573,6 +574,39 @@ static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what)
   printf("  exit               %7.2f %7.2f %7.2f  (min %.2f)\n", q(exit_, .5), q(exit_, .9), q(exit_, 1), q(exit_, 0));
   printf("  pieces per block   %7.0f %7.0f %7.0f\n", q(npieces, .5), q(npieces, .9), q(npieces, 1));
   if (v[0] != ~0ull) printf("  combine            start %.2f, end %.2f\n", us(v[0]), us(v[1]));
+  // Who finishes late: exit by pieces per block, by the block's tokens, and per SM (the blocks
+  // sharing an SM share its bandwidth).
+  std::map<int, std::vector<double>> by_pieces;
+  std::map<int, std::pair<double, double>> by_sm;  // sm -> (tokens, latest exit)
+  std::vector<std::pair<double, double>> tok_exit;
+  for (int b = 0; b < blocks; ++b) {
+    const double tok = double(slot(b, cuda::kTlTokens)), ex = exit_[b];
+    by_pieces[int(npieces[b])].push_back(ex);
+    auto& sm = by_sm[int(slot(b, cuda::kTlSm))];
+    sm.first += tok;
+    sm.second = std::max(sm.second, ex);
+    tok_exit.push_back({tok, ex});
+  }
+  for (auto& kv : by_pieces)
+    printf("  exit, %d piece(s)   %7.2f %7.2f %7.2f  (%zu blocks)\n", kv.first, q(kv.second, .5),
+           q(kv.second, .9), q(kv.second, 1), kv.second.size());
+  std::sort(tok_exit.begin(), tok_exit.end());
+  const size_t nb = tok_exit.size();
+  auto band = [&](size_t lo, size_t hi, const char* name) {
+    std::vector<double> t, e;
+    for (size_t i = lo; i < hi; ++i) t.push_back(tok_exit[i].first), e.push_back(tok_exit[i].second);
+    printf("  %-18s tokens %6.0f..%6.0f, exit median %7.2f max %7.2f\n", name, t.front(), t.back(),
+           q(e, .5), q(e, 1));
+  };
+  if (nb >= 4) {
+    band(0, nb / 4, "fewest tokens (1/4)");
+    band(nb - nb / 4, nb, "most tokens (1/4)");
+  }
+  std::vector<double> sm_tok, sm_exit;
+  for (auto& kv : by_sm) sm_tok.push_back(kv.second.first), sm_exit.push_back(kv.second.second);
+  printf("  per SM (%zu): tokens min %.0f median %.0f max %.0f; latest exit min %.2f median %.2f "
+         "max %.2f\n", sm_tok.size(), q(sm_tok, 0), q(sm_tok, .5), q(sm_tok, 1), q(sm_exit, 0),
+         q(sm_exit, .5), q(sm_exit, 1));
 }
 #endif
 

@@ -21,6 +21,7 @@ enum TimelineSlot {
   kTlExit = 11,
   kTlSm = 12,        // %smid
   kTlNumPieces = 13,
+  kTlTokens = 14,    // tokens of the first round's pieces
 };
 
 __device__ __forceinline__ uint64_t timeline_now() {

@@ -218,10 +218,15 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     if (tid == 0) collect_pieces<Tr>(p, w, first, pieces, counts);
     __syncthreads();
     const int n = counts[0], total = counts[1];
+#ifdef KF_TIMELINE
     if (first == 0) {
       KF_TIMELINE_MARK(p, kTlPieces);
       KF_TIMELINE_SET(p, kTlNumPieces, total);
+      int tokens = 0;
+      for (int i = 0; i < n; ++i) tokens += pieces[i].end - pieces[i].begin;
+      KF_TIMELINE_SET(p, kTlTokens, tokens);
     }
+#endif
 
     // ---- producer: the next tile to load, as (piece index, first token) ----
     auto normalize = [&](int& pi, int& tok) {
