@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build research/kv8_check.cu against several source trees in parallel and run each one's checks
+# and timings, for comparing variants (e.g. branches) in one device call.
+#   usage: bash research/compare_variants.sh main=. defer=.snap/wt-defer ...
+# Each tree needs src/ and include/ (a git worktree of a branch, e.g. `git worktree add
+# .snap/wt-defer next/kv8-defer-pv`; .snap/ is git-ignored here, so name it in the device tool's
+# carry list). ARGS (default: none) go to every timing run, e.g. ARGS=--timeline with
+# EXTRA_FLAGS=-DKF_TIMELINE.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pids=()
+for v in "$@"; do
+  name=${v%%=*} root=${v#*=}
+  (SRC_ROOT=$root timeout 300 bash research/build_harness.sh research/kv8_check.cu \
+     "build/variant-$name" > "/tmp/variant-$name.build.log" 2>&1 || echo "$name: build FAILED") &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+for v in "$@"; do
+  name=${v%%=*}
+  bin=build/variant-$name/kv8_check
+  [ -x "$bin" ] || { tail -20 "/tmp/variant-$name.build.log"; continue; }
+  echo "==== $name: $(timeout 120 "$bin" --no-time 2>&1 | grep -E '^CHECKS')"
+  timeout 240 "$bin" ${ARGS:-} 2>&1 | sed -n '/^Timings/,$p'
+done
