@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build research/kv8_check.cu against several source trees in parallel and run each one's checks
-# and timings, for comparing variants (e.g. branches) in one device call.
+# Build the research harnesses (research/kv8_check.cu: 8-bit checks and bf16/fp8/int8 timings;
+# research/mla_decode_check.cu: 16-bit checks, with CHECKS16=1) against several source trees in
+# parallel and run each one's checks and timings, for comparing variants in one device call.
 #   usage: bash research/compare_variants.sh main=. defer=.snap/wt-defer ...
 # Each tree needs src/ and include/ (a git worktree of a branch, e.g. `git worktree add
 # .snap/wt-defer next/kv8-defer-pv`; .snap/ is git-ignored here, so name it in the device tool's
@@ -14,6 +15,12 @@ for v in "$@"; do
   (SRC_ROOT=$root timeout 300 bash research/build_harness.sh research/kv8_check.cu \
      "build/variant-$name" > "/tmp/variant-$name.build.log" 2>&1 || echo "$name: build FAILED") &
   pids+=($!)
+  if [ "${CHECKS16:-0}" = 1 ]; then
+    (SRC_ROOT=$root EXTRA_FLAGS="${EXTRA_FLAGS:-} -Xcompiler -fopenmp" timeout 300 \
+       bash research/build_harness.sh research/mla_decode_check.cu "build/variant16-$name" -lgomp \
+       > "/tmp/variant16-$name.build.log" 2>&1 || echo "$name: 16-bit build FAILED") &
+    pids+=($!)
+  fi
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for v in "$@"; do
@@ -21,5 +28,9 @@ for v in "$@"; do
   bin=build/variant-$name/kv8_check
   [ -x "$bin" ] || { tail -20 "/tmp/variant-$name.build.log"; continue; }
   echo "==== $name: $(timeout 120 "$bin" --no-time 2>&1 | grep -E '^CHECKS')"
+  if [ -x "build/variant16-$name/mla_decode_check" ]; then
+    echo "     16-bit: $(timeout 180 "build/variant16-$name/mla_decode_check" --no-time 2>&1 |
+      grep -E '^CHECKS|checks' | tail -1)"
+  fi
   timeout 240 "$bin" ${ARGS:-} 2>&1 | sed -n '/^Timings/,$p'
 done
