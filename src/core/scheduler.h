@@ -217,45 +217,31 @@ struct Piece {
   bool only_piece;
 };
 
-// How many pieces worker w has: one per request it touches (none for an empty worker, a repeated
-// cut).
-KF_HD int worker_num_pieces(const int32_t* meta, int w) {
-  const int batch = meta[kMetaBatchIdx];
-  const int32_t* wk = meta_worker(meta, w);
-  const int start_req = wk[kWStartReq], start_tile = wk[kWStartTile];
-  const int end_req = wk[kWEndReq], end_tile = wk[kWEndTile];
-  if (start_req == end_req && start_tile == end_tile) return 0;
-  int last = end_tile > 0 ? end_req : end_req - 1;  // the last request it touches
-  if (last > batch - 1) last = batch - 1;
-  return last >= start_req ? last - start_req + 1 : 0;
-}
-
-// Piece idx (0 <= idx < worker_num_pieces) of worker w, independent of the others, so a block
-// can build its list with one thread per piece. seqlens are the clamped lengths, clamped to >= 0
-// as for build_schedule.
-template <typename SeqlenFn>
-KF_HD Piece worker_piece(const int32_t* meta, int w, int idx, SeqlenFn seqlen_of) {
-  const int num_workers = meta[kMetaWorkersIdx];
-  const int32_t* wk = meta_worker(meta, w);
-  const int32_t* piece_offset = meta_piece_offset(meta, num_workers);
-  const int r = wk[kWStartReq] + idx;
-  const int len = seqlen_of(r);
-  const int lo = idx == 0 ? wk[kWStartTile] : 0;
-  const int hi = r == wk[kWEndReq] ? wk[kWEndTile] : sched_tiles(len);
-  Piece p;
-  p.req = r;
-  p.token_begin = lo * kSchedBlockN;
-  p.token_end = int64_t(hi) * kSchedBlockN < len ? hi * kSchedBlockN : len;
-  p.piece = idx == 0 ? wk[kWFirstPiece] : piece_offset[r];
-  p.only_piece = piece_offset[r + 1] - piece_offset[r] == 1;
-  return p;
-}
-
-// Iterate the pieces of worker w: call f(Piece) for each, in order.
+// Iterate the pieces of worker w: call f(Piece) for each, in order. seqlens are the clamped
+// lengths, clamped to >= 0 as for build_schedule.
 template <typename SeqlenFn, typename F>
 KF_HD void for_each_piece(const int32_t* meta, int w, SeqlenFn seqlen_of, F&& f) {
-  const int n = worker_num_pieces(meta, w);
-  for (int i = 0; i < n; ++i) f(worker_piece(meta, w, i, seqlen_of));
+  const int num_workers = meta[kMetaWorkersIdx];
+  const int batch = meta[kMetaBatchIdx];
+  const int32_t* wk = meta_worker(meta, w);
+  const int32_t* piece_offset = meta_piece_offset(meta, num_workers);
+  const int start_req = wk[kWStartReq], start_tile = wk[kWStartTile];
+  const int end_req = wk[kWEndReq], end_tile = wk[kWEndTile];
+  int piece = wk[kWFirstPiece];
+  if (start_req == end_req && start_tile == end_tile) return;  // an empty worker (repeated cut)
+  for (int r = start_req; r < batch && (r < end_req || (r == end_req && end_tile > 0)); ++r) {
+    const int len = seqlen_of(r);
+    const int lo = (r == start_req) ? start_tile : 0;
+    const int hi = (r == end_req) ? end_tile : sched_tiles(len);
+    if (r != start_req) piece = piece_offset[r];
+    Piece p;
+    p.req = r;
+    p.token_begin = lo * kSchedBlockN;
+    p.token_end = int64_t(hi) * kSchedBlockN < len ? hi * kSchedBlockN : len;
+    p.piece = piece;
+    p.only_piece = piece_offset[r + 1] - piece_offset[r] == 1;
+    f(p);
+  }
 }
 
 }  // namespace kf
