@@ -52,11 +52,10 @@ __global__ void __launch_bounds__(kThreads)
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
 #endif
+  if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
   const int r = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
-  // The request's piece range loads with the header words (one round trip, not two).
   const int32_t* piece_offset = meta_piece_offset(p.metadata, p.num_workers);
   const int first = piece_offset[r], last = piece_offset[r + 1];
-  if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
   if (last - first <= 1) return;
   if (first < 0 || last > max_pieces(p.batch, p.num_workers)) {
     if (tid == 0 && row == 0) report_device_error(p.error_buffer, kDevErrMetadata, r, last);
