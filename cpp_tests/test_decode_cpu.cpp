@@ -68,6 +68,33 @@ Problem split_problem(std::mt19937_64& rng) {
   return pr;
 }
 
+// A split problem (changed by `base`) and a variant of it (changed by `vary` as well), built
+// from the same random numbers and both decoded; status_a/b are the decode calls' statuses.
+struct Twins {
+  Problem pr;
+  Built a, b;
+  kf_status status_a, status_b;
+  std::string error;
+};
+template <typename Base, typename Vary>
+Twins decode_twins(int seed, Base base, Vary vary) {
+  auto rng1 = test_rng(seed), rng2 = test_rng(seed);
+  Twins t;
+  t.pr = split_problem(rng1);
+  split_problem(rng2);
+  base(t.pr);
+  Problem v = t.pr;
+  vary(v);
+  t.a = build_problem(t.pr, rng1);
+  t.b = build_problem(v, rng2);
+  t.status_a = run_decode(t.a);
+  if (t.status_a != KF_SUCCESS) t.error = kf_last_error();
+  t.status_b = run_decode(t.b);
+  if (t.status_b != KF_SUCCESS) t.error = kf_last_error();
+  return t;
+}
+auto no_change = [](Problem&) {};
+
 TEST(CpuDecodeSchedule, SplitRequestsAreCombined) {
   auto rng = test_rng();
   Problem pr = split_problem(rng);
@@ -104,30 +131,20 @@ TEST(CpuDecodeDeterminism, WorkspacePoisonDoesNotMatter) {
 }
 
 TEST(CpuDecodePadding, NaNBeyondSeqlenGivesTheSameBits) {
-  auto rng1 = test_rng(1), rng2 = test_rng(1);
-  Problem pr = split_problem(rng1);
-  split_problem(rng2);
-  pr.s_q = 3;  // causal rows stop short of seqlen too
-  Problem zero = pr;
-  zero.nan_padding = false;
-  Built a = build_problem(pr, rng1);
-  Built z = build_problem(zero, rng2);  // same draws, zero padding
-  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(run_decode(z), KF_SUCCESS) << kf_last_error();
-  EXPECT_EQ(a.out.snapshot(), z.out.snapshot());
-  EXPECT_EQ(a.lse.snapshot(), z.lse.snapshot());
+  // s_q = 3: causal rows stop short of seqlen too; the twin has zero padding, same draws.
+  Twins t = decode_twins(1, [](Problem& p) { p.s_q = 3; }, [](Problem& p) { p.nan_padding = false; });
+  ASSERT_EQ(t.status_a, KF_SUCCESS) << t.error;
+  ASSERT_EQ(t.status_b, KF_SUCCESS) << t.error;
+  EXPECT_EQ(t.a.out.snapshot(), t.b.out.snapshot());
+  EXPECT_EQ(t.a.lse.snapshot(), t.b.lse.snapshot());
 }
 
 TEST(CpuDecodeLayout, StridedQAndOutGiveTheSameBits) {
-  auto rng1 = test_rng(2), rng2 = test_rng(2);
-  Problem pr = split_problem(rng1);
-  split_problem(rng2);
-  Problem st = pr;
-  st.strided = true;
-  Built a = build_problem(pr, rng1);
-  Built s = build_problem(st, rng2);
-  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(run_decode(s), KF_SUCCESS) << kf_last_error();
+  Twins t = decode_twins(2, no_change, [](Problem& p) { p.strided = true; });
+  ASSERT_EQ(t.status_a, KF_SUCCESS) << t.error;
+  ASSERT_EQ(t.status_b, KF_SUCCESS) << t.error;
+  const Problem& pr = t.pr;
+  Built &a = t.a, &s = t.b;
   for (int r = 0; r < pr.batch; ++r)
     for (int q = 0; q < pr.s_q; ++q)
       for (int h = 0; h < pr.h_q; ++h) ASSERT_EQ(out_row(a, r, q, h), out_row(s, r, q, h));
@@ -136,29 +153,19 @@ TEST(CpuDecodeLayout, StridedQAndOutGiveTheSameBits) {
 }
 
 TEST(CpuDecodeLayout, FourDimensionalCacheGivesTheSameBits) {
-  auto rng1 = test_rng(3), rng2 = test_rng(3);
-  Problem pr = split_problem(rng1);
-  split_problem(rng2);
-  Problem p4 = pr;
-  p4.cache_4d = true;
-  Built a = build_problem(pr, rng1);
-  Built c = build_problem(p4, rng2);
-  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(run_decode(c), KF_SUCCESS) << kf_last_error();
-  EXPECT_EQ(a.out.snapshot(), c.out.snapshot());
-  EXPECT_EQ(a.lse.snapshot(), c.lse.snapshot());
+  Twins t = decode_twins(3, no_change, [](Problem& p) { p.cache_4d = true; });
+  ASSERT_EQ(t.status_a, KF_SUCCESS) << t.error;
+  ASSERT_EQ(t.status_b, KF_SUCCESS) << t.error;
+  EXPECT_EQ(t.a.out.snapshot(), t.b.out.snapshot());
+  EXPECT_EQ(t.a.lse.snapshot(), t.b.lse.snapshot());
 }
 
 TEST(CpuDecodeSchedule, WorkerCountChangesRoundingOnly) {
-  auto rng1 = test_rng(4), rng2 = test_rng(4);
-  Problem pr = split_problem(rng1);
-  split_problem(rng2);
-  Problem one = pr;
-  one.num_workers = 1;
-  Built a = build_problem(pr, rng1);
-  Built o = build_problem(one, rng2);
-  ASSERT_EQ(run_decode(a), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(run_decode(o), KF_SUCCESS) << kf_last_error();
+  Twins t = decode_twins(4, no_change, [](Problem& p) { p.num_workers = 1; });
+  ASSERT_EQ(t.status_a, KF_SUCCESS) << t.error;
+  ASSERT_EQ(t.status_b, KF_SUCCESS) << t.error;
+  const Problem& pr = t.pr;
+  Built &a = t.a, &o = t.b;
   double worst = 0;
   for (int r = 0; r < pr.batch; ++r)
     for (int q = 0; q < pr.s_q; ++q)
