@@ -6,11 +6,15 @@
 # Each tree needs src/ and include/ (a git worktree of a branch, e.g. `git worktree add
 # .snap/wt-defer next/kv8-defer-pv`; .snap/ is git-ignored here, so name it in the device tool's
 # carry list). ARGS (default: none) go to every timing run, e.g. ARGS=--timeline with
-# EXTRA_FLAGS=-DKF_TIMELINE.
+# EXTRA_FLAGS=-DKF_TIMELINE. PREBUILT=1 skips the builds and runs the binaries already in
+# build/variant-<name>/ and build/variant16-<name>/ (e.g. built on a machine without a GPU and
+# carried to the device, which saves its time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pids=()
+skip_build=${PREBUILT:-0}
 for v in "$@"; do
+  [ $skip_build = 1 ] && continue
   name=${v%%=*} root=${v#*=}
   (SRC_ROOT=$root timeout 300 bash research/build_harness.sh research/kv8_check.cu \
      "build/variant-$name" > "/tmp/variant-$name.build.log" 2>&1 || echo "$name: build FAILED") &

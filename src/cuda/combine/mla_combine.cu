@@ -1,12 +1,15 @@
 // MLA combine: for each request split into pieces k = piece_offset[r] .. piece_offset[r+1]-1,
 // out[row] = sum_k w_k o_accum[k][row], lse[row] = log sum_k exp(lse_accum[k][row]), with
 // core/softmax_merge.h's merged_lse / piece_weight. Deterministic: the max and the sum of
-// exponentials are reduced in a fixed tree, the weighted sum runs in piece order.
-// Tiling: grid (batch, num_rows), 128 threads per row, thread t owns values 4t .. 4t+3; kUnroll
-// pieces' loads are in flight at once (a request split over ~64 workers would otherwise pay one
-// memory latency per piece). Shared memory: the weights of up to kChunk pieces + a reduction.
-// On sm_90 it is launched as a programmatic dependent of the decode kernel and waits for it
-// (griddepcontrol) before reading anything.
+// exponentials are reduced in a fixed butterfly, the weighted sum runs in piece order.
+// Tiling: grid (batch, num_rows), 4 warps per row, warp g owns values 128 g .. 128 g + 127 (lane
+// l: 4 of them). Every warp reduces the row's lse values itself (lane k holds pieces k, k + 32,
+// ...): no shared memory and no block barrier, so a block's chain is the header and piece range
+// (one round trip), the lse values together with the first kGroup pieces' rows (one round trip),
+// then one round trip per further kGroup pieces. kGroup is 16 when the grid is small (few
+// blocks, many pieces each: b = 1 splits a request over ~64 workers), else 8 (fewer registers,
+// more blocks per SM). On sm_90 it is launched as a programmatic dependent of the decode kernel
+// and waits for it (griddepcontrol) before reading anything.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,38 +27,31 @@ namespace kf::cuda {
 namespace {
 
 constexpr int kThreads = kLatentDim / 4;  // one float4 of the row per thread
-constexpr int kChunk = 256;                // piece weights staged in shared memory at once
-constexpr int kUnroll = 16;
 
-// Fixed-order block reduction (butterfly in each warp, then warps in order).
-template <typename Op>
-__device__ float block_reduce(float v, float* red, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();  // red may still be read by the previous reduction
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = red[0];
-#pragma unroll
-  for (int i = 1; i < kThreads / 32; ++i) v = op(v, red[i]);
-  return v;
+// A 16-byte load through the read-only path (the partials are complete: griddepcontrol.wait on
+// sm_90, stream order before).
+__device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
+  float4 o;
+  asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(o.x), "=f"(o.y), "=f"(o.z), "=f"(o.w)
+               : "l"(src));
+  return o;
 }
 
-template <typename T>
+template <typename T, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  __shared__ float w_s[kChunk];
-  __shared__ float red[kThreads / 32];
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
 #endif
-  if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
-  const int r = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+  const int r = blockIdx.x, row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  // The request's piece range loads with the header words (one round trip, not two).
   const int32_t* piece_offset = meta_piece_offset(p.metadata, p.num_workers);
   const int first = piece_offset[r], last = piece_offset[r + 1];
+  if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
   if (last - first <= 1) return;
   if (first < 0 || last > max_pieces(p.batch, p.num_workers)) {
     if (tid == 0 && row == 0) report_device_error(p.error_buffer, kDevErrMetadata, r, last);
@@ -63,56 +59,56 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int n = last - first;
   const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
-
-  float v = -INFINITY;
-  for (int k = tid; k < n; k += kThreads) v = fmaxf(v, lse_k[int64_t(k) * p.num_rows]);
-  const float max_lse = block_reduce(v, red, [](float a, float b) { return fmaxf(a, b); });
-  v = 0.f;
-  if (max_lse != -INFINITY)
-    for (int k = tid; k < n; k += kThreads) v += expf(lse_k[int64_t(k) * p.num_rows] - max_lse);
-  const float sum_exp = block_reduce(v, red, [](float a, float b) { return a + b; });
-  const float lse = merged_lse(max_lse, sum_exp);
-
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const float4* o_base = reinterpret_cast<const float4*>(
       p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) + tid;
   const int64_t piece_stride = int64_t(p.num_rows) * kLatentDim / 4;  // in float4
-  for (int k0 = 0; k0 < n; k0 += kChunk) {
-    const int m = n - k0 < kChunk ? n - k0 : kChunk;
-    __syncthreads();
-    for (int k = tid; k < m; k += kThreads)
-      w_s[k] = piece_weight(lse_k[int64_t(k0 + k) * p.num_rows], lse);
-    __syncthreads();
-    for (int j0 = 0; j0 < m; j0 += kUnroll) {
-      float w[kUnroll];
-      float4 o[kUnroll];
-      // All kUnroll loads are issued before the first use. Past the chunk's end the slots are
-      // zeros with weight 0 and nothing is loaded (a request of 2 pieces reads 2 rows, not 16).
+  auto lse_of = [&](int k) { return k < n ? lse_k[int64_t(k) * p.num_rows] : -INFINITY; };
+  auto load_group = [&](float4 (&o)[kGroup], int k0) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        w[u] = 0.f;
-        o[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (j0 + u < m) {
-          w[u] = w_s[j0 + u];
-          const float4* src = o_base + (k0 + j0 + u) * piece_stride;
-          asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n"
-                       : "=f"(o[u].x), "=f"(o[u].y), "=f"(o[u].z), "=f"(o[u].w)
-                       : "l"(src));
-        }
+    for (int u = 0; u < kGroup; ++u)  // nothing is loaded past the last piece
+      o[u] = k0 + u < n ? ldg_nc_f4(o_base + (k0 + u) * piece_stride)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+
+  // One round trip: the first group's rows and this lane's first lse value.
+  float4 o[kGroup];
+  load_group(o, 0);
+  const float lse0 = lse_of(lane);
+
+  // lse = log sum_k exp(lse_k): lane maxima and sums over pieces lane, lane + 32, ..., then a
+  // butterfly (the same fixed order in every warp).
+  float mx = lse0;
+  for (int k = lane + 32; k < n; k += 32) mx = fmaxf(mx, lse_of(k));
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+  float sum = 0.f;
+  if (mx != -INFINITY) {
+    sum = expf(lse0 - mx);
+    for (int k = lane + 32; k < n; k += 32) sum += expf(lse_of(k) - mx);
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  const float lse = merged_lse(mx, sum);
+
+  // acc = sum_k w_k o_k: piece k's weight comes from lane k % 32 of its 32-piece chunk; each
+  // group of kGroup products is added in a fixed pairwise tree.
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c0 = 0; c0 < n; c0 += 32) {
+    const float w_lane = piece_weight(c0 == 0 ? lse0 : lse_of(c0 + lane), lse);
+    for (int j0 = 0; j0 < 32 && c0 + j0 < n; j0 += kGroup) {
+      if (c0 + j0 > 0) load_group(o, c0 + j0);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const float w = __shfl_sync(0xffffffffu, w_lane, j0 + u);  // 0 past the last piece
+        o[u].x *= w;
+        o[u].y *= w;
+        o[u].z *= w;
+        o[u].w *= w;
       }
-      // A fixed pairwise tree over the kUnroll products: deterministic, and no product waits
-      // for the previous one, so all kUnroll loads go out before the first use.
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        o[u].x *= w[u];
-        o[u].y *= w[u];
-        o[u].z *= w[u];
-        o[u].w *= w[u];
-      }
+      for (int step = 1; step < kGroup; step <<= 1)
 #pragma unroll
-      for (int step = 1; step < kUnroll; step <<= 1)
-#pragma unroll
-        for (int u = 0; u < kUnroll; u += 2 * step) {
+        for (int u = 0; u < kGroup; u += 2 * step) {
           o[u].x += o[u + step].x;
           o[u].y += o[u + step].y;
           o[u].z += o[u + step].z;
@@ -147,7 +143,12 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream, bool pdl) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, mla_combine_kernel<T>, p);
+  // Few blocks (small batch x rows): each merges many pieces, so more loads in flight per
+  // thread (96 registers: 5 blocks per SM); many blocks: 64 registers, 8 blocks per SM, so
+  // b = 64 at h_q = 16 (1024 blocks) is one wave on 132 SMs.
+  const bool small_grid = int64_t(p.batch) * p.num_rows <= 512;
+  return small_grid ? cudaLaunchKernelEx(&cfg, mla_combine_kernel<T, 16>, p)
+                    : cudaLaunchKernelEx(&cfg, mla_combine_kernel<T, 8>, p);
 }
 
 // Programmatic dependent launch exists from sm_90 on.

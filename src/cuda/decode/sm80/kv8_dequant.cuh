@@ -7,8 +7,9 @@
 // and the latent mma runs in fp16 for either q dtype. The per-token scale goes to the scores and to P instead:
 //   s_t = scale_t * 2^-e_row * (q16 . k_q,t) + q_pe . k_pe,t   (fp32)
 //   O  += sum_t (p_t * scale_t / S_tile) v_q,t, O kept in units of S_tile
+// (S_tile: the power of two at or above the tile's largest scale, so dividing by it is exact)
 // q16 = q * 2^e_row in fp16, exact: e_row puts the largest |q| of the warp's 128 dims of the row
-// in [2^14, 2^15), inside fp16's range whatever q's dtype. P' = p_t * scale_t / S_tile <= 1 (S_tile
+// in [2^14, 2^15), inside fp16's range whatever q's dtype. P' = p_t * scale_t / S_tile <= 1 (S_tile >=
 // the tile's largest scale) is rounded to fp16 (2^-11 relative, 8x finer than a bf16 P), the O
 // accumulator's rescale factor becomes alpha * S_prev / S_tile, and the epilogue multiplies by
 // the last S_tile.
@@ -38,6 +39,17 @@
 namespace kf::cuda {
 
 enum KvFmt { kKvFmt16 = 0, kKvFmtE4M3 = 1, kKvFmtInt8 = 2 };
+
+// The smallest power of two >= x, for finite x > 0 (2^-126 for subnormal x).
+__device__ __forceinline__ float pow2_at_least(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t e = u & 0x7f800000u;
+  return __uint_as_float((u & 0x007fffffu) != 0u ? e + 0x00800000u : e);
+}
+// 1 / x for a power of two x in [2^-126, 2^127], exactly (the exponent field negated).
+__device__ __forceinline__ float pow2_inverse(float x) {
+  return __uint_as_float(0x7f000000u - __float_as_uint(x));
+}
 
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
   uint32_t d;

@@ -228,39 +228,42 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     }
 #endif
 
-    // ---- producer: the next tile to load, as (piece index, first token) ----
-    auto normalize = [&](int& pi, int& tok) {
-      while (pi < n && tok >= pieces[pi].end) {
-        ++pi;
-        if (pi < n) tok = pieces[pi].begin;
-      }
+    // ---- producer: the next tile to load. Its piece's end and request live in registers:
+    // reading them from the piece list for every tile put a shared-memory round trip in front
+    // of each page lookup and cp.async (28% of the 8-bit tile loop's stall samples, ncu on the
+    // H200); the list is read again only when a piece ends. ----
+    struct Producer {
+      int pi, tok, end, req;  // pi == n: done (end 0, so no token is in range)
     };
-    auto load_page = [&](int pi, int tok) -> Pages {
+    auto producer_at = [&](int pi) -> Producer {
+      if (pi >= n) return {n, 0, 0, 0};
+      const PieceRun& e = pieces[pi];
+      return {pi, e.begin, e.end, e.req};
+    };
+    auto skip_done_pieces = [&](Producer& pr) {
+      while (pr.pi < n && pr.tok >= pr.end) pr = producer_at(pr.pi + 1);
+    };
+    auto load_page = [&](const Producer& pr) -> Pages {
       Pages pg;
 #pragma unroll
       for (int r = 0; r < kRep; ++r) {
-        pg.v[r] = 0;
-        if (pi < n) {
-          const PieceRun& e = pieces[pi];
-          const int t = tok + ld_tok + r * kTokStride;
-          if (t < e.end)
-            pg.v[r] = __ldg(p.block_table + int64_t(e.req) * p.block_table_batch_stride +
-                            (t >> p.page_shift));
-        }
+        const int t = pr.tok + ld_tok + r * kTokStride;
+        pg.v[r] = t < pr.end ? __ldg(p.block_table + int64_t(pr.req) * p.block_table_batch_stride +
+                                     (t >> p.page_shift))
+                             : 0;
       }
       return pg;
     };
-    auto issue = [&](int pi, int tok, const Pages& pg, int slot) {
+    auto issue = [&](const Producer& pr, const Pages& pg, int slot) {
 #pragma unroll
       for (int r = 0; r < kRep; ++r) {
-        if (pi >= n) break;
-        const PieceRun& e = pieces[pi];
+        if (pr.pi >= n) break;
         const int tj = ld_tok + r * kTokStride;  // token of the tile
-        const int t = tok + tj;
+        const int t = pr.tok + tj;
         const int page = pg.v[r];
-        bool ok = t < e.end;
+        bool ok = t < pr.end;
         if (ok && (page < 0 || page >= p.num_pages)) {
-          if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, e.req, page);
+          if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, pr.req, page);
           ok = false;
         }
         if constexpr (kKv8) {
@@ -302,28 +305,24 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       cp_async_commit();
     };
 
-    int prod_pi = 0, prod_tok = n > 0 ? pieces[0].begin : 0;
-    normalize(prod_pi, prod_tok);
+    Producer prod = producer_at(0);
+    skip_done_pieces(prod);
     Pages prod_page;
     {
       // Prologue: look up the pages of the first kAhead + 1 tiles together (one latency, not
       // kAhead + 1), then start kAhead of them.
-      int pis[kAhead + 1], toks[kAhead + 1];
+      Producer prs[kAhead + 1];
       Pages pages[kAhead + 1];
 #pragma unroll
       for (int s = 0; s <= kAhead; ++s) {
-        pis[s] = prod_pi;
-        toks[s] = prod_tok;
-        pages[s] = load_page(prod_pi, prod_tok);
-        if (prod_pi < n) {
-          prod_tok += kBlockN;
-          normalize(prod_pi, prod_tok);
-        }
+        prs[s] = prod;
+        pages[s] = load_page(prod);
+        prod.tok += kBlockN;
+        skip_done_pieces(prod);
       }
 #pragma unroll
-      for (int s = 0; s < kAhead; ++s) issue(pis[s], toks[s], pages[s], s);
-      prod_pi = pis[kAhead];
-      prod_tok = toks[kAhead];
+      for (int s = 0; s < kAhead; ++s) issue(prs[s], pages[s], s);
+      prod = prs[kAhead];
       prod_page = pages[kAhead];
     }
     int read_slot = 0;  // the tile being consumed; slot read_slot + kAhead is refilled
@@ -478,6 +477,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         [[maybe_unused]] const uint8_t* tile8 = smem + Tr::kKvOff + tile_off;
         [[maybe_unused]] const float* tile_scale = reinterpret_cast<const float*>(tile8 + Tr::kKv8ScaleOff);
 
+        // 8-bit: the tile's largest token scale (every warp finds it from the scales its QK
+        // reads: a quad of lanes holds all kBlockN of them).
+        [[maybe_unused]] float tile_smax = 0.f;
         // ---- 1. partial scores over this warp's 144 dims ----
         {
           float s_acc[kAccSets][kMFrags][kNFrags][4];
@@ -502,10 +504,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             for (int nf = 0; nf < kNFrags; ++nf) {
               const float2 sc2 =
                   *reinterpret_cast<const float2*>(tile_scale + nf * 8 + 2 * (lane & 3));
+              tile_smax = fmaxf(tile_smax, fmaxf(sc2.x, sc2.y));
 #pragma unroll
               for (int k = 0; k < 4; ++k)
                 s_acc[0][0][nf][k] *= ((k & 1) ? sc2.y : sc2.x) * q_unscale[0][k >> 1];
             }
+            static_assert(!kKv8 || kNFrags * 8 == kBlockN, "a quad's scales cover the tile");
+            tile_smax = fmaxf(tile_smax, __shfl_xor_sync(0xffffffffu, tile_smax, 1));
+            tile_smax = fmaxf(tile_smax, __shfl_xor_sync(0xffffffffu, tile_smax, 2));
             // The rope step: dims 512 + 16 d .. + 15, bf16 in the cache (fp16 q: converted,
             // exact inside fp16's range). ldmatrix.x4 rows: tokens (lane & 7) + 8 (lane >> 4),
             // chunk 2 d + ((lane >> 3) & 1) of the 128-byte rope rows.
@@ -550,12 +556,10 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
           // Refill the free slot (everyone passed this tile's __syncthreads) while
           // the mma results are in flight.
-          issue(prod_pi, prod_tok, prod_page, (read_slot + kAhead) % kStages);
-          if (prod_pi < n) {
-            prod_tok += kBlockN;
-            normalize(prod_pi, prod_tok);
-          }
-          prod_page = load_page(prod_pi, prod_tok);  // used one iteration later: latency hidden
+          issue(prod, prod_page, (read_slot + kAhead) % kStages);
+          prod.tok += kBlockN;
+          if (prod.tok >= prod.end) skip_done_pieces(prod);  // a piece ended (or all did)
+          prod_page = load_page(prod);  // used one iteration later: latency hidden
 #pragma unroll
           for (int mf = 0; mf < kMFrags; ++mf)
 #pragma unroll
@@ -624,18 +628,15 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           m_s[tid] = m_new;
           float o_alpha = alpha;
           if constexpr (kKv8) {
-            // O moves to units of this tile's largest scale (a tile of unloaded tokens keeps
-            // the old unit: their scales were zero-filled); P <= 1 stays out of fp16's
-            // subnormals. PV multiplies the unscaled codes, so P carries the token scales.
-            float smax = 0.f;
-#pragma unroll
-            for (int k = 0; k < kSoftTokens; ++k) smax = fmaxf(smax, tile_scale[st0 + k]);
-#pragma unroll
-            for (int o = 1; o < kSoftTpr; o <<= 1)
-              smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, o));
+            // O moves to units of the power of two at or above this tile's largest scale (a
+            // tile of unloaded tokens keeps the old unit: their scales were zero-filled), so
+            // P' = p s_t / unit <= 1 stays out of fp16's subnormals for the tile's largest
+            // tokens. PV multiplies the unscaled codes, so P carries the token scales. Powers of
+            // two make 1 / unit and the O rescale exact, and the unit moves only when the
+            // largest scale crosses one (O is rescaled only then or when the max moves).
             const float unit_prev = unit_s[tid];
-            const float unit = smax > 0.f ? smax : unit_prev;
-            const float inv_unit = 1.f / unit;
+            const float unit = tile_smax > 0.f ? pow2_at_least(tile_smax) : unit_prev;
+            const float inv_unit = pow2_inverse(unit);
             o_alpha = alpha * (unit_prev * inv_unit);
             unit_s[tid] = unit;
 #pragma unroll
