@@ -157,6 +157,12 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   constexpr int kAccSets = (kMFrags == 1 && kBlockN == 16 && !kKv8) ? 2 : 1;
   constexpr int kRep = Tr::kTokPerThread, kTokStride = Tr::kTokStride;
   constexpr int kAhead = Tr::kAhead;
+  // One row group and two or more tiles ahead: the block-wide barrier of a tile's arrival
+  // merges into the previous tile's P barrier (the score and P barriers then span the block),
+  // two barriers per tile, not three. Two row groups sync only within a group there, so they
+  // keep the tile barrier; so does a ring one tile ahead, which would wait for the tile it has
+  // just started (measured on the H200: bf16 h_q=16 b=64 5% slower).
+  constexpr bool kMergedTileBarrier = Tr::kRowGroups == 1 && kAhead >= 2;
   struct Pages { int v[kRep]; };  // a loading thread's page, one per token it loads
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -228,17 +234,16 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     }
 #endif
 
-    // ---- producer: the next tile to load. Its piece's end and request live in registers:
-    // reading them from the piece list for every tile put a shared-memory round trip in front
-    // of each page lookup and cp.async (28% of the 8-bit tile loop's stall samples, ncu on the
-    // H200); the list is read again only when a piece ends. ----
+    // ---- producer: the next tile to load. Its piece's end lives in a register: reading it
+    // from the piece list for every tile put a shared-memory round trip in front of each range
+    // check and cp.async (28% of the 8-bit tile loop's stall samples, ncu on the H200). The
+    // request is read from the list for the page lookup only, which runs a tile ahead. ----
     struct Producer {
-      int pi, tok, end, req;  // pi == n: done (end 0, so no token is in range)
+      int pi, tok, end;  // pi == n: done (end 0, so no token is in range)
     };
     auto producer_at = [&](int pi) -> Producer {
-      if (pi >= n) return {n, 0, 0, 0};
-      const PieceRun& e = pieces[pi];
-      return {pi, e.begin, e.end, e.req};
+      if (pi >= n) return {n, 0, 0};
+      return {pi, pieces[pi].begin, pieces[pi].end};
     };
     auto skip_done_pieces = [&](Producer& pr) {
       while (pr.pi < n && pr.tok >= pr.end) pr = producer_at(pr.pi + 1);
@@ -248,7 +253,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 #pragma unroll
       for (int r = 0; r < kRep; ++r) {
         const int t = pr.tok + ld_tok + r * kTokStride;
-        pg.v[r] = t < pr.end ? __ldg(p.block_table + int64_t(pr.req) * p.block_table_batch_stride +
+        pg.v[r] = t < pr.end ? __ldg(p.block_table +
+                                     int64_t(pieces[pr.pi].req) * p.block_table_batch_stride +
                                      (t >> p.page_shift))
                              : 0;
       }
@@ -263,7 +269,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         const int page = pg.v[r];
         bool ok = t < pr.end;
         if (ok && (page < 0 || page >= p.num_pages)) {
-          if (ld_c0 == 0) report_device_error(p.error_buffer, kDevErrPageRange, pr.req, page);
+          if (ld_c0 == 0)
+            report_device_error(p.error_buffer, kDevErrPageRange, pieces[pr.pi].req, page);
           ok = false;
         }
         if constexpr (kKv8) {
@@ -326,6 +333,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       prod_page = pages[kAhead];
     }
     int read_slot = 0;  // the tile being consumed; slot read_slot + kAhead is refilled
+    // Start the tile kAhead ahead in the free slot and look up the page of the one after it
+    // (used one tile later: its latency is hidden).
+    auto refill = [&]() {
+      issue(prod, prod_page, (read_slot + kAhead) % kStages);
+      prod.tok += kBlockN;
+      if (prod.tok >= prod.end) skip_done_pieces(prod);  // a piece ended (or all did)
+      prod_page = load_page(prod);
+    };
 
     for (int pi = 0; pi < n; ++pi) {
       const int tok_begin = pieces[pi].begin, tok_end = pieces[pi].end;
@@ -462,9 +477,12 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 
       for (int tile_tok = tok_begin; tile_tok < tok_end; tile_tok += kBlockN) {
         // Tile read_slot landed; slot read_slot + kAhead (the tile before the previous one with
-        // kDeferPv, else the previous one) is free.
-        cp_async_wait<kAhead - 1>();
-        __syncthreads();
+        // kDeferPv, else the previous one) is free. With one row group, only a piece's first
+        // tile needs this barrier: later tiles landed at the previous tile's P barrier.
+        if (!kMergedTileBarrier || tile_tok == tok_begin) {
+          cp_async_wait<kAhead - 1>();
+          __syncthreads();
+        }
         if (first == 0 && pi == 0 && tile_tok == tok_begin) KF_TIMELINE_MARK(p, kTlFirstTile);
         // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
         // and alpha rows are its own, and softmax(t) rewrites them only after the group's
@@ -556,10 +574,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
           // Refill the free slot (everyone passed this tile's __syncthreads) while
           // the mma results are in flight.
-          issue(prod, prod_page, (read_slot + kAhead) % kStages);
-          prod.tok += kBlockN;
-          if (prod.tok >= prod.end) skip_done_pieces(prod);  // a piece ended (or all did)
-          prod_page = load_page(prod);  // used one iteration later: latency hidden
+          if (!kMergedTileBarrier) refill();
 #pragma unroll
           for (int mf = 0; mf < kMFrags; ++mf)
 #pragma unroll
@@ -581,6 +596,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             }
         }
         named_barrier(1 + g, Tr::kDimGroups * 32);
+        // Every warp is past QK of this tile, so past P V of the previous one: its slot is free.
+        if (kMergedTileBarrier) refill();
 
         // ---- 2. online softmax of row srow over this tile ----
         {
@@ -610,12 +627,23 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             mx = fmaxf(mx, sc[k]);
           }
 #pragma unroll
-          for (int o = 1; o < kSoftTpr; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-          // The running max follows every tile's max exactly, so the dominant token's P is
-          // exactly 1 in bf16. A lazy max (moving only past +8 in log2 units) measured 7% faster
-          // at h_q = 128 on the H200 but put bf16 outputs at the 1e-5 cosine-distance limit
-          // (research/perf/NOTES.md), so it is not used.
-          const float m_new = fmaxf(m_run, mx);
+          // 16-bit: the running max follows every tile's max exactly, so the dominant token's P
+          // is exactly 1 in bf16. A lazy max (moving only past +8 in log2 units) measured 7%
+          // faster at h_q = 128 on the H200 but put bf16 outputs at the 1e-5 cosine-distance
+          // limit (research/perf/NOTES.md), so it is not used there.
+          // 8-bit: P' = p s_t / unit is an fp16 value that is never exactly 1 anyway, so the max
+          // is lazy: it moves only when a score passes it by 8 (p <= 2^8, far inside fp16), found
+          // with one vote; the row reduction (three shuffle steps) runs only then, and alpha
+          // stays exactly 1 in between (no O rescale).
+          float m_new;
+          if (!kKv8 || __any_sync(0xffffffffu, mx > m_run + 8.f)) {
+#pragma unroll
+            for (int o = 1; o < kSoftTpr; o <<= 1)
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            m_new = fmaxf(m_run, mx);
+          } else {
+            m_new = m_run;
+          }
           const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no (-inf) - (-inf)
           const float alpha = fast_exp2(m_run - m_use);
           float ps = 0.f;
@@ -649,6 +677,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           for (int k = 0; k < kSoftTokens; k += 2)
             *reinterpret_cast<uint32_t*>(pdst + k * 2) = pack2<PT>(sc[k], sc[k + 1]);
         }
+        // The piece's next tile (this thread's copies) before the P barrier, which then also
+        // publishes that tile to every thread.
+        if (kMergedTileBarrier && tile_tok + kBlockN < tok_end) cp_async_wait<kAhead - 1>();
         named_barrier(1 + g, Tr::kDimGroups * 32);
 
         // ---- 3. P V (row group 1 of kDeferPv runs it one tile late, see above) ----
