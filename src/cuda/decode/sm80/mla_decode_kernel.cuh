@@ -268,31 +268,31 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
         const int t = pr.tok + tj;
         const int page = pg.v[r];
         bool ok = t < pr.end;
-        if (ok && (page < 0 || page >= p.num_pages)) {
+        if (ok && uint32_t(page) >= uint32_t(p.num_pages)) {  // also catches page < 0
           if (ld_c0 == 0)
             report_device_error(p.error_buffer, kDevErrPageRange, pieces[pr.pi].req, page);
           ok = false;
         }
         if constexpr (kKv8) {
-          const int in_page = t & ((1 << p.page_shift) - 1);
-          const uint8_t* base = kv8 + (ok ? int64_t(page) * p.kv_page_stride : 0);
-          const uint8_t* lat = base + int64_t(in_page) * kLatentDim + ld_c0 * 16;
+          // One 64-bit page base, then 32-bit offsets inside the page (a page is 644 B per
+          // token): latent chunks ld_c0 + 8 k of the token's 512-byte row, rope chunk ld_c0 of
+          // its 128-byte row (kTpt == 8: every thread has one), the scale (thread 7).
+          static_assert(!kKv8 || kTpt == 8, "");
+          const uint32_t in_page = uint32_t(t) & ((1u << p.page_shift) - 1u);
+          const uint8_t* page_base = kv8 + (ok ? int64_t(page) * p.kv_page_stride : 0);
+          const uint32_t sw = uint32_t((ld_c0 ^ (tj & 7)) << 4);
           const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes;
+          const uint8_t* lat = page_base + (in_page * kLatentDim + ld_c0 * 16);
 #pragma unroll
-          for (int k = 0; k < 32 / kTpt; ++k)
-            cp_async_16(dst + tj * kLatentDim + (((ld_c0 ^ (tj & 7)) + k * kTpt) << 4),
-                        lat + k * kTpt * 16, ok ? 16 : 0);
-#pragma unroll
-          for (int k = 32 / kTpt; k < (Tr::kRowChunks8 + kTpt - 1) / kTpt; ++k) {
-            const int c = ld_c0 + k * kTpt - 32;  // rope chunk
-            if (c >= 0 && c < 8)
-              cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + ((c ^ (tj & 7)) << 4),
-                          base + (int64_t(p.page_size) * kLatentDim + in_page * 128) + c * 16,
-                          ok ? 16 : 0);
-          }
+          for (int k = 0; k < 4; ++k)
+            cp_async_16(dst + tj * kLatentDim + sw + k * 128, lat + k * 128, ok ? 16 : 0);
+          cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + sw,
+                      page_base + (uint32_t(p.page_size) * kLatentDim + in_page * 128 + ld_c0 * 16),
+                      ok ? 16 : 0);
           if (ld_c0 == kTpt - 1)
             cp_async_4(dst + Tr::kKv8ScaleOff + tj * 4,
-                       base + int64_t(p.page_size) * (kLatentDim + 128) + in_page * 4, ok ? 4 : 0);
+                       page_base + (uint32_t(p.page_size) * (kLatentDim + 128) + in_page * 4),
+                       ok ? 4 : 0);
         } else {
           const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
                                   int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
