@@ -68,11 +68,11 @@ def decode_8bit(q16, kv16, fmt, page, device):
         rows_t = t(rows.astype(np.float32)).to(torch.bfloat16)
         cache_t, bt, sl = t(cache), t(block_table), t(seqlens)
         kf.cache_append(rows_t, cache_t, t(slots), kv_format=fmt)
-        meta = kf.get_mla_metadata(sl, q16.shape[2], 1)
+        meta = kf.get_mla_metadata(sl, q16.shape[2], 1, kv_format=fmt)
         out, _ = kf.mla_decode(q_t, cache_t, bt, sl, meta, softmax_scale=SCALE, kv_format=fmt)
         return out.double().cpu().numpy()
     kf.cache_append(rows, cache, slots, kv_format=fmt)
-    meta = kf.get_mla_metadata(seqlens, q16.shape[2], 1)
+    meta = kf.get_mla_metadata(seqlens, q16.shape[2], 1, kv_format=fmt)
     out, _ = kf.mla_decode(q16, cache, block_table, seqlens, meta, softmax_scale=SCALE,
                            kv_format=fmt)
     return out.astype(np.float64)

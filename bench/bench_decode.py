@@ -346,13 +346,16 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                         q8 = fmt != "bf16"
                         kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
                         code = fmt if q8 else None
+                        # The schedule made for this format (the metadata call is not timed).
+                        md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
+                                                 num_workers=runner.num_workers, kv_format=fmt)
 
-                        def call(i, kv=kv, code=code):
+                        def call(i, kv=kv, code=code, md=md):
                             kw = {"out": runner.out, "lse": runner.lse}
                             if runner.ws is not None:
                                 kw["workspace"] = runner.ws
                             return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens,
-                                                 runner.md, SCALE, kv_format=code, **kw)
+                                                 md, SCALE, kv_format=code, **kw)
 
                         runner.out.fill_(float("nan"))
                         call(0)

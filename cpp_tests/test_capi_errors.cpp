@@ -274,6 +274,8 @@ std::vector<DecodeErrorCase> decode_error_cases() {
        "metadata: expected num_workers 3 (of this call), got 4"},
       {"MetadataOtherLengths", [](F& f) { remake_metadata(f, {37, 2000}, 16, 2); }, kBad,
        "metadata: does not match cache_seqlens"},
+      {"MetadataFixedCostOutOfRange", [](F& f) { f.b.metadata.ptr<int32_t>()[8] = 1000; }, kBad,
+       "metadata: fixed cost 1000 out of range 0..64"},
       // 8-bit formats
       {"Fp8CacheBf16", [](F& f) { f.c.fmt = KF_KV_FP8_E4M3; }, kBad,
        "kv_cache: expected dtype uint8 for kv_format KF_KV_FP8_E4M3, got bfloat16"},
@@ -330,7 +332,10 @@ INSTANTIATE_TEST_SUITE_P(Arg, DecodeErrors, ::testing::ValuesIn(decode_error_cas
 struct MetadataCall {
   TArg sl, md;
   int h_q = 16, s_q = 1, W = 3;
-  kf_status call() { return kf_mla_metadata(sl.get(), h_q, s_q, W, md.get(), nullptr); }
+  kf_kv_format fmt = KF_KV_FP8_E4M3;
+  kf_status call() {
+    return kf_mla_metadata_for_format(sl.get(), h_q, s_q, W, fmt, md.get(), nullptr);
+  }
 };
 struct MetadataFixture {
   MetadataFixture() : sl(kI32, {3}), md(kI32, {16 + 24 + 4}) {
@@ -377,6 +382,8 @@ std::vector<MetadataErrorCase> metadata_error_cases() {
       {"UnknownDevice", [](F& f) { f.c.sl.t.device = kVulkan; f.c.md.t.device = kVulkan; }, KF_ERROR_UNSUPPORTED,
        "cache_seqlens: expected a cpu or cuda tensor"},
       {"NegativeSeqlen", [](F& f) { f.sl.ptr<int32_t>()[2] = -1; }, kBad, "cache_seqlens[2] = -1: expected >= 0"},
+      {"UnknownFormat", [](F& f) { f.c.fmt = kf_kv_format(4); }, kBad,
+       "kv_format: expected KF_KV_BF16, KF_KV_FP16, KF_KV_FP8_E4M3 or KF_KV_INT8 (0..3), got 4"},
   };
 }
 

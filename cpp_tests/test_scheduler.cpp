@@ -14,11 +14,12 @@ namespace {
 struct Sched {
   std::vector<int32_t> seqlens;
   int h_q = 16, s_q = 1, W = 1;
+  int fc = kf::kFixedCost16;  // the per-piece fixed cost
   std::vector<int32_t> meta;
   int batch() const { return int(seqlens.size()); }
   void build() {
     meta.assign(size_t(kf::metadata_size(batch(), W)), -12345);
-    kf::build_schedule(seqlens.data(), batch(), h_q, s_q, W, meta.data());
+    kf::build_schedule(seqlens.data(), batch(), h_q, s_q, W, fc, meta.data());
   }
   std::vector<kf::Piece> pieces_of(int w) const {
     std::vector<kf::Piece> v;
@@ -40,6 +41,8 @@ Sched random_sched(std::mt19937_64& rng) {
   s.W = nw(rng);
   s.h_q = 1 << std::uniform_int_distribution<int>(0, 7)(rng);
   s.s_q = std::uniform_int_distribution<int>(1, 16)(rng);
+  const int costs[] = {kf::kFixedCost16, kf::kFixedCost8, 0, 2, kf::kMaxFixedCost};
+  s.fc = costs[std::uniform_int_distribution<int>(0, 4)(rng)];
   s.build();
   return s;
 }
@@ -93,12 +96,12 @@ TEST(Scheduler, WorkerCostWithinMeanPlusFixedCost) {
   for (int i = 0; i < 400; ++i) {
     Sched s = random_sched(rng);
     int64_t T = 0;
-    for (int len : s.seqlens) T += kf::sched_tiles(len) + kf::kFixedCost;
-    const int64_t bound = (T + s.W - 1) / s.W + kf::kFixedCost;
+    for (int len : s.seqlens) T += kf::sched_tiles(len) + s.fc;
+    const int64_t bound = (T + s.W - 1) / s.W + s.fc;
     for (int w = 0; w < s.W; ++w) {
       int64_t cost = 0;
       for (const kf::Piece& p : s.pieces_of(w))
-        cost += kf::ceil_div(p.token_end - p.token_begin, kf::kSchedBlockN) + kf::kFixedCost;
+        cost += kf::ceil_div(p.token_end - p.token_begin, kf::kSchedBlockN) + s.fc;
       ASSERT_LE(cost, bound) << "worker " << w << " of " << s.W << ", batch " << s.batch();
     }
   }
@@ -151,6 +154,7 @@ TEST(Scheduler, HeaderRecordsTheCall) {
   s.h_q = 128;
   s.s_q = 3;
   s.W = 5;
+  s.fc = 7;
   s.build();
   EXPECT_EQ(s.meta[kf::kMetaMagicIdx], kf::kMetaMagic);
   EXPECT_EQ(s.meta[kf::kMetaVersionIdx], kf::kMetaVersion);
@@ -159,6 +163,27 @@ TEST(Scheduler, HeaderRecordsTheCall) {
   EXPECT_EQ(s.meta[kf::kMetaSqIdx], 3);
   EXPECT_EQ(s.meta[kf::kMetaWorkersIdx], 5);
   EXPECT_EQ(s.meta[kf::kMetaBlockNIdx], kf::kSchedBlockN);
+  EXPECT_EQ(s.meta[kf::kMetaFixedCostIdx], 7);
+}
+
+TEST(Scheduler, FixedCostByCacheFormat) {
+  EXPECT_EQ(kf::sched_fixed_cost(kf::KvFormat::kBF16), kf::kFixedCost16);
+  EXPECT_EQ(kf::sched_fixed_cost(kf::KvFormat::kFP16), kf::kFixedCost16);
+  EXPECT_EQ(kf::sched_fixed_cost(kf::KvFormat::kFP8E4M3), kf::kFixedCost8);
+  EXPECT_EQ(kf::sched_fixed_cost(kf::KvFormat::kINT8), kf::kFixedCost8);
+  // A larger fixed cost splits less: 64 requests of 4096 tokens over 264 workers.
+  Sched a, b;
+  a.seqlens.assign(64, 4096);
+  a.W = 264;
+  b = a;
+  a.fc = kf::kFixedCost16;
+  b.fc = kf::kFixedCost8;
+  a.build();
+  b.build();
+  expect_exact_cover(a);
+  expect_exact_cover(b);
+  EXPECT_GT(a.meta[kf::kMetaTotalPiecesIdx], 0);
+  EXPECT_NE(a.meta, b.meta);
 }
 
 TEST(Scheduler, AllEmptyRequests) {
@@ -214,8 +239,14 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
     ASSERT_EQ(n, s.meta.size());
     HostTensor meta(kI32, {int64_t(n)});
     meta.fill<int32_t>(-1);
-    ASSERT_EQ(kf_mla_metadata(seqlens.dl(), s.h_q, s.s_q, s.W, meta.dl(), nullptr), KF_SUCCESS)
-        << kf_last_error();
+    // kf_mla_metadata: the 16-bit cost; kf_mla_metadata_for_format: the format's.
+    const kf_kv_format f = kf_kv_format(i % 4);
+    s.fc = i % 2 ? kf::sched_fixed_cost(kf::KvFormat(int(f))) : kf::kFixedCost16;
+    s.build();
+    const kf_status st =
+        i % 2 ? kf_mla_metadata_for_format(seqlens.dl(), s.h_q, s.s_q, s.W, f, meta.dl(), nullptr)
+              : kf_mla_metadata(seqlens.dl(), s.h_q, s.s_q, s.W, meta.dl(), nullptr);
+    ASSERT_EQ(st, KF_SUCCESS) << kf_last_error();
     ASSERT_EQ(0, std::memcmp(meta.ptr<int32_t>(), s.meta.data(), n * 4));
   }
 }
@@ -223,14 +254,14 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
 // The closed form the GPU's parallel metadata kernel evaluates (one value per thread), run here
 // step by step: the same bytes as build_schedule's walk.
 std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, int h_q, int s_q,
-                                          int W) {
+                                          int W, int fc) {
   const int batch = int(seqlens.size());
   std::vector<int32_t> meta(size_t(kf::metadata_size(batch, W)), -777);
   std::vector<int64_t> seg_prefix(batch + 1, 0);
   for (int r = 0; r < batch; ++r)
-    seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]));
+    seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]), fc);
   std::vector<kf::SchedCut> cut(W + 1);
-  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, W, w);
+  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, W, fc, w);
   std::vector<int> nb(W + 1, 0);  // boundaries among cuts 1..w
   for (int w = 1; w <= W; ++w) nb[w] = nb[w - 1] + kf::schedule_boundary(cut[w - 1], cut[w]);
   for (int w = 0; w < W; ++w)
@@ -242,7 +273,7 @@ std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, i
       if (cut[w].req < r) last = w;
     piece_offset[r] = r + (last < 0 ? 0 : nb[last]);
   }
-  kf::write_meta_header(meta.data(), batch, h_q, s_q, W, batch + nb[W]);
+  kf::write_meta_header(meta.data(), batch, h_q, s_q, W, batch + nb[W], fc);
   return meta;
 }
 
@@ -258,7 +289,7 @@ TEST(Scheduler, ClosedFormEqualsTheWalk) {
       }
       s.build();
     }
-    ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W), s.meta)
+    ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta)
         << "case " << i << ": batch " << s.batch() << " W " << s.W;
   }
 }

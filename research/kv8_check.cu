@@ -295,6 +295,7 @@ static void build(Setup& s) {
   s.mp = MlaMetadataParams{};
   s.mp.cache_seqlens = s.dlen.p, s.mp.batch = s.batch, s.mp.h_q = c.h_q, s.mp.s_q = c.s_q;
   s.mp.num_workers = s.workers, s.mp.metadata = s.dmeta.p, s.mp.error_buffer = s.derr.p;
+  s.mp.fixed_cost = kFixedCost8;  // the 8-bit schedule
   MlaDecodeParams& p = s.p;
   p = MlaDecodeParams{};
   p.dtype = c.dtype, p.kv_format = c.fmt, p.batch = s.batch, p.s_q = c.s_q, p.h_q = c.h_q;
@@ -329,7 +330,7 @@ static void run_eager(Setup& s) {
 static void cpu_decode(const Setup& s, std::vector<uint16_t>& out, std::vector<float>& lse) {
   std::vector<int32_t> clamped(s.batch), meta(metadata_size(s.batch, s.workers));
   for (int r = 0; r < s.batch; ++r) clamped[r] = std::max(0, s.seqlens[r]);
-  build_schedule(clamped.data(), s.batch, s.c.h_q, s.c.s_q, s.workers, meta.data());
+  build_schedule(clamped.data(), s.batch, s.c.h_q, s.c.s_q, s.workers, kFixedCost8, meta.data());
   std::vector<uint8_t> ws(std::max<int64_t>(256, workspace_bytes(s.batch, s.rows, s.workers)) + 256);
   uint8_t* w = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
   out.assign(size_t(s.batch) * s.rows * kLatentDim, 0);
@@ -623,6 +624,7 @@ static TimeResult time_decode(const Pools& pools, KvFormat f, int h_q, int batch
   DevBuf<uint8_t> dws(std::max<int64_t>(256, workspace_bytes(batch, rows, workers)));
   MlaMetadataParams mp{};
   mp.cache_seqlens = dlen.p, mp.batch = batch, mp.h_q = h_q, mp.s_q = 1, mp.num_workers = workers;
+  mp.fixed_cost = sched_fixed_cost(f);
   mp.metadata = dmeta.p;
   CK(cuda::launch_mla_metadata(mp, 0));
   std::vector<int32_t> perm(pools.pages);

@@ -124,6 +124,7 @@ static void build(Setup& s) {
   mp.h_q = c.metadata_mismatch ? c.h_q + 1 : c.h_q;
   mp.s_q = c.s_q;
   mp.num_workers = workers;
+  mp.fixed_cost = kFixedCost16;
   mp.metadata = s.dmeta.p;
   mp.error_buffer = s.derr.p;
 
@@ -270,7 +271,7 @@ static void check_case(const Case& c) {
     // Metadata bytes equal the host scheduler's on clamped lengths.
     std::vector<int32_t> clamped(s.batch), meta(s.dmeta.n);
     for (int r = 0; r < s.batch; ++r) clamped[r] = std::max(0, s.seqlens[r]);
-    build_schedule(clamped.data(), s.batch, c.h_q, c.s_q, s.p.num_workers, meta.data());
+    build_schedule(clamped.data(), s.batch, c.h_q, c.s_q, s.p.num_workers, kFixedCost16, meta.data());
     EXPECT(meta == s.dmeta.down(), "GPU metadata differs from the host scheduler");
     const Verdict v = verify(s, out1, lse1);
     printf("  worst cos dist %.3e  worst |dlse| %.3e  bad empty rows %d  non-finite %d\n",
@@ -421,6 +422,7 @@ static TimeResult time_decode(int h_q, int batch, int s_k, DecodeFn fn, int work
   mp.h_q = h_q;
   mp.s_q = s_q;
   mp.num_workers = workers;
+  mp.fixed_cost = kFixedCost16;
   mp.metadata = dmeta.p;
   CK(cuda::launch_mla_metadata(mp, 0));
   std::vector<int32_t> perm(pool_pages);
@@ -554,6 +556,7 @@ static void time_metadata() {
     dlen.up(lens);
     MlaMetadataParams mp{};
     mp.cache_seqlens = dlen.p, mp.batch = batch, mp.h_q = 16, mp.s_q = 1, mp.num_workers = workers;
+    mp.fixed_cost = kFixedCost16;
     mp.metadata = dmeta.p;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
 
     def step(meta_, out_, lse_):
         kf.cache_append(kv, cache, slot_mapping, kv_format=kv_format, error_buffer=err)
-        kf.get_mla_metadata(cache_seqlens, h_q, s_q, out=meta_)
+        kf.get_mla_metadata(cache_seqlens, h_q, s_q, out=meta_, kv_format=kv_format or "bf16")
         kf.mla_decode(q, cache, block_table, cache_seqlens, meta_, softmax_scale=a.scale,
                       kv_format=kv_format, out=out_, lse=lse_, workspace=workspace,
                       error_buffer=err)
@@ -212,7 +212,8 @@ def main(argv=None) -> int:
             raise Failure(f"{what}: device cache differs from the CPU-appended mirror "
                           f"(pages {torch.nonzero(diff.any(1)).flatten()[:8].tolist()})")
         lens_i32 = torch.from_numpy(lens.astype(np.int32))
-        c_meta = kf.get_mla_metadata(lens_i32, h_q, s_q, num_workers=workers)
+        c_meta = kf.get_mla_metadata(lens_i32, h_q, s_q, num_workers=workers,
+                                     kv_format=kv_format or "bf16")
         if _bytes(c_meta) != _bytes(meta):
             raise Failure(f"{what}: device metadata differs from the CPU scheduler's")
         c_out, c_lse = kf.mla_decode(q.cpu(), mirror, block_table.cpu(), lens_i32, c_meta,

@@ -151,7 +151,8 @@ def test_gpu_convert_bytes_equal_cpu(rng, fmt, dtype):
 
 
 def decode(q, cache8, bt, sl, scale, fmt, **kw):
-    meta = kf.get_mla_metadata(sl, q.shape[2], q.shape[1], num_workers=kw.pop("num_workers", None))
+    meta = kf.get_mla_metadata(sl, q.shape[2], q.shape[1], num_workers=kw.pop("num_workers", None),
+                               kv_format=fmt)
     return kf.mla_decode(q, cache8, bt, sl, meta, softmax_scale=scale, kv_format=fmt, **kw)
 
 
@@ -256,7 +257,7 @@ def test_gpu_graph_replay_equals_eager_8bit(rng, fmt, dtype):
 
     def step():
         kf.cache_append(new_rows, pool, slots, kv_format=fmt)
-        kf.get_mla_metadata(static_sl, h_q, 1, out=meta)
+        kf.get_mla_metadata(static_sl, h_q, 1, out=meta, kv_format=fmt)
         kf.mla_decode(q, pool, static_bt, static_sl, meta, softmax_scale=0.114721, out=out,
                       lse=lse, workspace=workspace, kv_format=fmt)
 

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 import kernelflow as kf
 
-HEADER, WORKER_LEN, BLOCK_N, FIXED_COST = 16, 8, 64, 5
-MAGIC, VERSION = 0x4B464D44, 1
+HEADER, WORKER_LEN, BLOCK_N = 16, 8, 64
+MAGIC, VERSION = 0x4B464D44, 2
+# The scheduler's fixed cost per piece, by the cache format the metadata is made for.
+FIXED_COST = {"bf16": 1, "fp16": 1, "fp8_e4m3": 5, "int8": 5}
 
 
 def tiles(n):
@@ -25,7 +27,7 @@ def decode_metadata(meta, seqlens):
     """-> header dict, piece_offset, and per worker the pieces (req, begin, end, piece)."""
     meta = np.asarray(meta).astype(np.int64)
     header = dict(magic=meta[0], version=meta[1], batch=meta[2], h_q=meta[3], s_q=meta[4],
-                  workers=meta[5], block_n=meta[6], total=meta[7])
+                  workers=meta[5], block_n=meta[6], total=meta[7], fixed_cost=meta[8])
     batch, workers = int(meta[2]), int(meta[5])
     w = meta[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
     piece_offset = meta[HEADER + workers * WORKER_LEN : HEADER + workers * WORKER_LEN + batch + 1]
@@ -48,7 +50,7 @@ def decode_metadata(meta, seqlens):
     return header, piece_offset, pieces
 
 
-def check_schedule(meta, seqlens, h_q, s_q, workers):
+def check_schedule(meta, seqlens, h_q, s_q, workers, kv_format="bf16"):
     seqlens = [int(n) for n in seqlens]
     batch = len(seqlens)
     assert len(meta) == kf.metadata_size(batch, workers)
@@ -56,9 +58,11 @@ def check_schedule(meta, seqlens, h_q, s_q, workers):
     assert (header["magic"], header["version"]) == (MAGIC, VERSION)
     assert (header["batch"], header["h_q"], header["s_q"]) == (batch, h_q, s_q)
     assert (header["workers"], header["block_n"]) == (workers, BLOCK_N)
+    fixed = FIXED_COST[kv_format]
+    assert header["fixed_cost"] == fixed
     total = int(header["total"])
     m = np.asarray(meta).astype(np.int64)
-    assert not m[8:HEADER].any(), "reserved header words are zero"
+    assert not m[9:HEADER].any(), "reserved header words are zero"
     w = m[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
     assert not w[:, 5:].any(), "reserved worker words are zero"
     assert tuple(w[0, :2]) == (0, 0) and tuple(w[-1, 2:4]) == (batch, 0)
@@ -89,10 +93,10 @@ def check_schedule(meta, seqlens, h_q, s_q, workers):
     assert flat == sorted(flat)
 
     # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W) + one fixed cost.
-    line = sum(tiles(n) + FIXED_COST for n in seqlens)
-    bound = math.ceil(line / workers) + FIXED_COST
+    line = sum(tiles(n) + fixed for n in seqlens)
+    bound = math.ceil(line / workers) + fixed
     for k, mine in enumerate(pieces):
-        cost = sum(tiles(hi - lo) + FIXED_COST for _, lo, hi, _ in mine)
+        cost = sum(tiles(hi - lo) + fixed for _, lo, hi, _ in mine)
         assert cost <= bound, f"worker {k}: cost {cost} > bound {bound}"
 
 
@@ -103,13 +107,14 @@ def check_schedule(meta, seqlens, h_q, s_q, workers):
     workers=st.integers(1, 160),
     h_q=st.integers(1, 128),
     s_q=st.integers(1, 16),
+    kv_format=st.sampled_from(sorted(FIXED_COST)),
 )
-def test_schedule_properties(seqlens, workers, h_q, s_q):
+def test_schedule_properties(seqlens, workers, h_q, s_q, kv_format):
     sl = np.array(seqlens, np.int32)
-    meta = kf.get_mla_metadata(sl, h_q, s_q, num_workers=workers)
+    meta = kf.get_mla_metadata(sl, h_q, s_q, num_workers=workers, kv_format=kv_format)
     assert meta.dtype == np.int32
-    check_schedule(meta, seqlens, h_q, s_q, workers)
-    again = kf.get_mla_metadata(sl.copy(), h_q, s_q, num_workers=workers)
+    check_schedule(meta, seqlens, h_q, s_q, workers, kv_format)
+    again = kf.get_mla_metadata(sl.copy(), h_q, s_q, num_workers=workers, kv_format=kv_format)
     assert np.array_equal(meta, again), "same lengths, same metadata"
 
 
@@ -131,6 +136,18 @@ def test_balanced_split_of_one_long_request():
     assert piece_offset[1] == 32
     sizes = [hi - lo for mine in pieces for _, lo, hi, _ in mine]
     assert len(sizes) == 32 and max(sizes) - min(sizes) <= 6 * BLOCK_N
+
+
+def test_kv_format_sets_the_fixed_cost():
+    """8-bit metadata records the 8-bit fixed cost per piece, so it splits differently."""
+    sl = np.full(8, 4096, np.int32)
+    m16 = kf.get_mla_metadata(sl, 16, num_workers=64)
+    m8 = kf.get_mla_metadata(sl, 16, num_workers=64, kv_format="int8")
+    check_schedule(m16, sl, 16, 1, 64, "bf16")
+    check_schedule(m8, sl, 16, 1, 64, "int8")
+    assert not np.array_equal(m16, m8)
+    with pytest.raises(ValueError, match="kv_format"):
+        kf.get_mla_metadata(sl, 16, num_workers=64, kv_format="fp8")
 
 
 def test_metadata_is_written_entirely():

@@ -105,7 +105,14 @@ KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int
 /* int32 elements of the metadata for a batch and a worker count. */
 KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_elements);
 /* Fill metadata from cache_seqlens (on the same device), on `stream` (ignored for the CPU),
- * without host synchronization. The metadata records batch, h_q, s_q and num_workers. */
+ * without host synchronization, for decodes over a cache of kv_format: the format tunes the
+ * split (an 8-bit piece costs more to start, so 8-bit schedules split less); metadata made for
+ * one format is correct, only less balanced, with another. The metadata records batch, h_q,
+ * s_q, num_workers and that cost. */
+KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h_q, int s_q,
+                                            int num_workers, kf_kv_format kv_format,
+                                            DLTensor* metadata, void* stream);
+/* kf_mla_metadata_for_format for a 16-bit (KF_KV_BF16 / KF_KV_FP16) cache. */
 KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
                                  DLTensor* metadata, void* stream);
 

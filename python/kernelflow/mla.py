@@ -131,12 +131,15 @@ def _num_workers_of(metadata, batch: int, name: str = "metadata") -> int:
 
 
 def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=None,
-                     stream=None, out=None):
+                     stream=None, out=None, kv_format: str = "bf16"):
     """Split schedule for a decode step: int32 [metadata_size(b, num_workers)] on the device of
     `cache_seqlens`, in its framework (or written into `out`). Runs on the device without host
     synchronization, so it can be captured in a CUDA graph with the decode that uses it.
     num_workers defaults to default_num_workers(device, h_q, s_q); with `out` it defaults to
-    the count out's length was made for."""
+    the count out's length was made for. kv_format names the cache format of the decodes it
+    serves ('bf16', 'fp16', 'fp8_e4m3', 'int8'): 8-bit pieces cost more to start, so their
+    schedule splits less. Metadata made for another format is still correct, only less
+    balanced."""
     home = fw.framework(cache_seqlens, "cache_seqlens")
     fw.check_home(cache_seqlens, home, "cache_seqlens")
     h_q = _int(num_heads_q, "num_heads_q")
@@ -158,8 +161,9 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     metadata = out
     if metadata is None:
         metadata = fw.empty(cache_seqlens, home, (_C.metadata_size(batch, num_workers),), "int32")
+    fmt = _format_code(kv_format, None)
     _C.mla_metadata(
-        fw.export(cache_seqlens, home), h_q, s_q, num_workers, fw.export(metadata),
+        fw.export(cache_seqlens, home), h_q, s_q, num_workers, fmt, fw.export(metadata),
         fw.stream_handle(stream, cache_seqlens, home),
     )
     return out if out is not None else fw.to_home(metadata, home)

@@ -76,16 +76,18 @@ size_t workspace_size(int batch, int h_q, int s_q, int num_workers) {
   return bytes;
 }
 
-void mla_metadata(nb::handle cache_seqlens, int h_q, int s_q, int num_workers,
+void mla_metadata(nb::handle cache_seqlens, int h_q, int s_q, int num_workers, int kv_format,
                   nb::handle metadata, uintptr_t stream) {
+  const kf_kv_format fmt = as_format(kv_format);
   Tensor seqlens = as_input(cache_seqlens, "cache_seqlens");
   Tensor meta = as_output(metadata, "metadata");
   kf_status st;
   {
     nb::gil_scoped_release unlocked;
-    st = kf_mla_metadata(seqlens.in(), h_q, s_q, num_workers, meta.out(), as_stream(stream));
+    st = kf_mla_metadata_for_format(seqlens.in(), h_q, s_q, num_workers, fmt, meta.out(),
+                                    as_stream(stream));
   }
-  check(st, "kf_mla_metadata");
+  check(st, "kf_mla_metadata_for_format");
 }
 
 void mla_decode(nb::handle q, nb::handle kv_cache, int kv_format, nb::handle block_table,
@@ -165,7 +167,8 @@ NB_MODULE(_C, m) {
         nb::arg("num_workers"));
 
   m.def("mla_metadata", &mla_metadata, nb::arg("cache_seqlens"), nb::arg("h_q"), nb::arg("s_q"),
-        nb::arg("num_workers"), nb::arg("metadata"), nb::arg("stream") = 0);
+        nb::arg("num_workers"), nb::arg("kv_format"), nb::arg("metadata"),
+        nb::arg("stream") = 0);
   m.def("mla_decode", &mla_decode, nb::arg("q"), nb::arg("kv_cache"), nb::arg("kv_format"),
         nb::arg("block_table"), nb::arg("cache_seqlens"), nb::arg("metadata"),
         nb::arg("softmax_scale"), nb::arg("out"), nb::arg("lse"),

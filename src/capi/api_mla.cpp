@@ -55,16 +55,24 @@ KF_API kf_status kf_mla_workspace_size(int batch, int h_q, int s_q, int num_work
   });
 }
 
-KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
-                                 DLTensor* metadata, void* stream) {
+KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h_q, int s_q,
+                                            int num_workers, kf_kv_format kv_format,
+                                            DLTensor* metadata, void* stream) {
   return guarded([&] {
     Device dev;
     kf::MlaMetadataParams p;
-    KF_CHECK(validate_metadata_call(cache_seqlens, h_q, s_q, num_workers, metadata, &dev, &p));
+    KF_CHECK(validate_metadata_call(cache_seqlens, h_q, s_q, num_workers, kv_format, metadata,
+                                    &dev, &p));
     KF_CHECK(check_backend(dev));
     if (!dev.cuda) KF_CHECK(check_metadata_seqlens_host(p));
     return run_metadata(dev, p, stream);
   });
+}
+
+KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
+                                 DLTensor* metadata, void* stream) {
+  return kf_mla_metadata_for_format(cache_seqlens, h_q, s_q, num_workers, KF_KV_BF16, metadata,
+                                    stream);
 }
 
 KF_API kf_status kf_mla_decode(const DLTensor* q, const DLTensor* kv_cache, kf_kv_format kv_format,

@@ -57,11 +57,17 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
   KF_CHECK(check_header_field(meta, kMetaSqIdx, p.s_q, "s_q"));
   KF_CHECK(check_header_field(meta, kMetaWorkersIdx, p.num_workers, "num_workers"));
 
-  // The schedule depends on the lengths only through their tile counts: rebuild it and compare,
-  // so metadata left over from other lengths cannot drop or repeat positions.
+  // The schedule depends on the lengths only through their tile counts: rebuild it (with the
+  // fixed cost it was made with) and compare, so metadata left over from other lengths cannot
+  // drop or repeat positions.
+  const int32_t fixed_cost = meta[kMetaFixedCostIdx];
+  if (fixed_cost < 0 || fixed_cost > kMaxFixedCost)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "metadata: fixed cost %d out of range 0..%d: make it with kf_mla_metadata",
+                fixed_cost, kMaxFixedCost);
   std::vector<int32_t> seqlens(p.cache_seqlens, p.cache_seqlens + p.batch);
   std::vector<int32_t> want(size_t(metadata_size(p.batch, p.num_workers)));
-  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, want.data());
+  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, fixed_cost, want.data());
   for (size_t i = 0; i < want.size(); ++i)
     if (meta[i] != want[i])
       return fail(KF_ERROR_INVALID_ARGUMENT,

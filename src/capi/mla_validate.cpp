@@ -9,6 +9,7 @@
 #include "capi/scalar_check.h"
 #include "capi/tensor_check.h"
 #include "core/kv_format8.h"
+#include "core/scheduler.h"
 
 namespace kf::capi {
 namespace {
@@ -106,7 +107,9 @@ kf_status check_int32_vector(const DLTensor* t, const char* name, int64_t len, c
 }  // namespace
 
 kf_status validate_metadata_call(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
-                                 DLTensor* metadata, Device* dev, MlaMetadataParams* p) {
+                                 kf_kv_format kv_format, DLTensor* metadata, Device* dev,
+                                 MlaMetadataParams* p) {
+  KF_CHECK(check_kv_format(kv_format));
   KF_CHECK(check_present(cache_seqlens, "cache_seqlens"));
   KF_CHECK(check_present(metadata, "metadata"));
   KF_CHECK(resolve_device(cache_seqlens, "cache_seqlens", dev));
@@ -130,6 +133,7 @@ kf_status validate_metadata_call(const DLTensor* cache_seqlens, int h_q, int s_q
   p->h_q = h_q;
   p->s_q = s_q;
   p->num_workers = num_workers;
+  p->fixed_cost = sched_fixed_cost(KvFormat(int(kv_format)));
   p->metadata = reinterpret_cast<int32_t*>(data_address(metadata));
   p->error_buffer = nullptr;
   return KF_SUCCESS;

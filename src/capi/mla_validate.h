@@ -24,7 +24,8 @@ struct DecodeArgs {
 };
 
 kf_status validate_metadata_call(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
-                                 DLTensor* metadata, Device* dev, MlaMetadataParams* p);
+                                 kf_kv_format kv_format, DLTensor* metadata, Device* dev,
+                                 MlaMetadataParams* p);
 kf_status validate_decode_call(const DecodeArgs& a, Device* dev, MlaDecodeParams* p);
 kf_status validate_append_call(const DLTensor* kv, DLTensor* kv_cache, kf_kv_format kv_format,
                                const DLTensor* slot_mapping, DLTensor* error_buffer, Device* dev,

@@ -53,6 +53,7 @@ struct MlaDecodeParams {
 struct MlaMetadataParams {
   const int32_t* cache_seqlens;  // [batch]
   int batch, h_q, s_q, num_workers;
+  int fixed_cost;  // the scheduler's per-piece cost in tiles: sched_fixed_cost(cache format)
   int32_t* metadata;
   int32_t* error_buffer;  // nullable
 };

@@ -1,19 +1,19 @@
 // The balanced split scheduler: host+device code shared by the CPU backend and the GPU metadata
 // kernel, so both produce the same metadata bytes for the same cache_seqlens.
 //
-// Model. Request r costs seg_len(r) = tiles(r) + kFixedCost units, tiles(r) = ceil(len / 64):
-// the fixed part stands for what a piece costs besides its KV tiles (loading q, the epilogue, a
-// combine input). Lay all requests on one line of T = sum seg_len units and cut it at
+// Model. Request r costs seg_len(r) = tiles(r) + F units, tiles(r) = ceil(len / 64): the fixed
+// part F stands for what a piece costs besides its KV tiles (loading q, the epilogue, a combine
+// input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata. Lay all requests on one line of T = sum seg_len units and cut it at
 // c_w = floor(w * T / W) for w = 1 .. W-1. A cut inside request r's fixed part moves back to the
 // request's start (the whole request goes to the later worker); a cut inside its tiles splits it
 // there. Worker w owns the line from its start to the next worker's start, so every tile is
-// covered exactly once, and its cost is at most ceil(T / W) + kFixedCost (the fixed cost of a
+// covered exactly once, and its cost is at most ceil(T / W) + F (the fixed cost of a
 // continued request, or a cut moved back by at most the fixed part), which is the bound the
 // tests check: the mean plus one tile of rounding plus the fixed cost of a piece.
 //
 // Metadata layout (int32):
 //   [0, kMetaHeaderLen)            header: magic, version, batch, h_q, s_q, num_workers,
-//                                  block_n, total_pieces, then zeros
+//                                  block_n, total_pieces, fixed_cost F, then zeros
 //   next num_workers * kMetaWorkerLen   per worker: start_req, start_tile, end_req, end_tile,
 //                                  first_piece, then zeros. The worker covers the (req, tile)
 //                                  points in [start, end) in lexicographic order; an empty
@@ -31,13 +31,18 @@
 namespace kf {
 
 constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at multiples of it
-// A piece's fixed cost in tiles (FlashMLA's figure). Measured on the H200 (research/perf/NOTES.md):
-// 1 instead of 5 makes bf16 1-2% faster at b = 64..128 and 10% at b = 8, FP8 0-4% slower.
-constexpr int kFixedCost = 5;
+// A piece's fixed cost F in tiles, by cache format. Measured on the H200 (decode + combine,
+// research/perf/NOTES.md): for 16-bit caches 1 instead of 5 (FlashMLA's figure) is 9% faster
+// at b = 8 (h_q 16 and 128), 3% at b = 32 and 1-2% at b = 64..128; for 8-bit caches 5 stays
+// best (1 is 5% slower at s_k = 4096 and 24% at 1024: their pieces cost more to start).
+constexpr int kFixedCost16 = 1;
+constexpr int kFixedCost8 = 5;
+constexpr int kMaxFixedCost = 64;  // what a metadata header may record
+KF_HD int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 : kFixedCost16; }
 constexpr int kMetaHeaderLen = 16;
 constexpr int kMetaWorkerLen = 8;
 constexpr int32_t kMetaMagic = 0x4B464D44;  // "KFMD"
-constexpr int32_t kMetaVersion = 1;
+constexpr int32_t kMetaVersion = 2;  // 2: the header records the fixed cost
 
 enum MetaHeader {
   kMetaMagicIdx = 0,
@@ -47,7 +52,8 @@ enum MetaHeader {
   kMetaSqIdx,
   kMetaWorkersIdx,
   kMetaBlockNIdx,
-  kMetaTotalPiecesIdx
+  kMetaTotalPiecesIdx,
+  kMetaFixedCostIdx
 };
 enum MetaWorker { kWStartReq = 0, kWStartTile, kWEndReq, kWEndTile, kWFirstPiece };
 
@@ -73,7 +79,7 @@ KF_HD int sched_tiles(int seqlen) {
 // ---- The same schedule in closed form, for the GPU's parallel metadata kernel ----
 // With S[r] = sum of seg_len over requests < r (S[0] = 0, S[batch] = T), the cut between
 // workers w - 1 and w (0 < w < W) lies at c_w = floor(w T / W): in the first request r with
-// S[r + 1] > c_w, at tile c_w - S[r] - kFixedCost (0 if that is not positive). Cut 0 is (0, 0),
+// S[r + 1] > c_w, at tile c_w - S[r] - F (0 if that is not positive). Cut 0 is (0, 0),
 // cut W is (batch, 0). Cut w is a piece boundary when it splits a request and differs from cut
 // w - 1; with nb(w) the number of boundaries among cuts 1..w, worker w's first piece is
 // cut_req(w) + nb(w), request r's first piece is r + (boundaries in requests before r), and the
@@ -82,8 +88,9 @@ KF_HD int sched_tiles(int seqlen) {
 struct SchedCut {
   int req, tile;
 };
-KF_HD int64_t sched_seg_len(int seqlen) { return sched_tiles(seqlen) + kFixedCost; }
-KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers, int w) {
+KF_HD int64_t sched_seg_len(int seqlen, int fixed_cost) { return sched_tiles(seqlen) + fixed_cost; }
+KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers, int fixed_cost,
+                            int w) {
   if (w <= 0) return {0, 0};
   if (w >= num_workers) return {batch, 0};
   const int64_t total = seg_prefix[batch];
@@ -97,7 +104,7 @@ KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_worker
       lo = mid + 1;
   }
   const int64_t o = c - seg_prefix[lo];
-  return {lo, (lo < batch && o > kFixedCost) ? int(o - kFixedCost) : 0};
+  return {lo, (lo < batch && o > fixed_cost) ? int(o - fixed_cost) : 0};
 }
 KF_HD bool schedule_boundary(SchedCut prev, SchedCut cut) {
   return cut.tile > 0 && (cut.req != prev.req || cut.tile != prev.tile);
@@ -112,7 +119,7 @@ KF_HD void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedCut end,
   for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
 }
 KF_HD void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num_workers,
-                             int total_pieces) {
+                             int total_pieces, int fixed_cost) {
   meta[kMetaMagicIdx] = kMetaMagic;
   meta[kMetaVersionIdx] = kMetaVersion;
   meta[kMetaBatchIdx] = batch;
@@ -121,16 +128,17 @@ KF_HD void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num
   meta[kMetaWorkersIdx] = num_workers;
   meta[kMetaBlockNIdx] = kSchedBlockN;
   meta[kMetaTotalPiecesIdx] = total_pieces;
-  for (int i = kMetaTotalPiecesIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
+  meta[kMetaFixedCostIdx] = fixed_cost;
+  for (int i = kMetaFixedCostIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
 }
 
 // Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
 // does not see the block table; decode clamps each piece to what the block table addresses). Sequential, O(batch +
 // num_workers): the GPU runs it in one thread over shared memory (see cuda/sched/).
 KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, int num_workers,
-                          int32_t* meta) {
+                          int fixed_cost, int32_t* meta) {
   int64_t total = 0;
-  for (int r = 0; r < batch; ++r) total += sched_tiles(seqlens[r]) + kFixedCost;
+  for (int r = 0; r < batch; ++r) total += sched_seg_len(seqlens[r], fixed_cost);
 
   int32_t* piece_offset = meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
   for (int r = 0; r <= batch; ++r) piece_offset[r] = 0;  // used as split counts first
@@ -158,13 +166,13 @@ KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, i
       req = batch;
       tile = 0;
     } else {
-      while (r < batch && seg_start + sched_tiles(seqlens[r]) + kFixedCost <= c) {
-        seg_start += sched_tiles(seqlens[r]) + kFixedCost;
+      while (r < batch && seg_start + sched_seg_len(seqlens[r], fixed_cost) <= c) {
+        seg_start += sched_seg_len(seqlens[r], fixed_cost);
         ++r;
       }
       req = r;
       int64_t o = c - seg_start;
-      tile = (r < batch && o > kFixedCost) ? int(o - kFixedCost) : 0;
+      tile = (r < batch && o > fixed_cost) ? int(o - fixed_cost) : 0;
     }
     // A distinct cut inside a request adds a piece to it.
     if (tile > 0 && (req != prev_req || tile != prev_tile)) piece_offset[req] += 1;
@@ -205,7 +213,7 @@ KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, i
     wk[kWFirstPiece] = (sr < batch ? piece_offset[sr] : acc) + run_k;
     for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
   }
-  write_meta_header(meta, batch, h_q, s_q, num_workers, acc);
+  write_meta_header(meta, batch, h_q, s_q, num_workers, acc, fixed_cost);
 }
 
 // One piece of work: request `req`, tokens [token_begin, token_end), split index `piece`

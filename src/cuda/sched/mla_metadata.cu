@@ -73,12 +73,12 @@ __global__ void __launch_bounds__(kMetaThreads)
       report_device_error(p.error_buffer, kDevErrSeqlenRange, r, len);
       len = 0;
     }
-    seg_prefix[r + 1] = sched_seg_len(len);
+    seg_prefix[r + 1] = sched_seg_len(len, p.fixed_cost);
   }
   __syncthreads();
   block_inclusive_scan(seg_prefix + 1, batch, warp_tot64);
   // 2. the cuts between workers; 3. nb[w] = piece boundaries among cuts 1..w.
-  for (int w = tid; w <= W; w += kMetaThreads) cut[w] = schedule_cut(seg_prefix, batch, W, w);
+  for (int w = tid; w <= W; w += kMetaThreads) cut[w] = schedule_cut(seg_prefix, batch, W, p.fixed_cost, w);
   __syncthreads();
   for (int w = tid; w <= W; w += kMetaThreads)
     nb[w] = w == 0 ? 0 : int(schedule_boundary(cut[w - 1], cut[w]));
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kMetaThreads)
     }
     piece_offset[r] = r + (lo == 0 ? 0 : nb[lo - 1]);
   }
-  if (tid == 0) write_meta_header(p.metadata, batch, p.h_q, p.s_q, W, batch + nb[W]);
+  if (tid == 0) write_meta_header(p.metadata, batch, p.h_q, p.s_q, W, batch + nb[W], p.fixed_cost);
 }
 
 // The walk, for batches whose arrays do not fit shared memory.
@@ -109,13 +109,16 @@ __global__ void mla_metadata_walk_kernel(const __grid_constant__ MlaMetadataPara
     if (p.cache_seqlens[r] < 0)
       report_device_error(p.error_buffer, kDevErrSeqlenRange, r, p.cache_seqlens[r]);
   if (threadIdx.x == 0)  // build_schedule treats a negative length as 0 too
-    build_schedule(p.cache_seqlens, p.batch, p.h_q, p.s_q, p.num_workers, p.metadata);
+    build_schedule(p.cache_seqlens, p.batch, p.h_q, p.s_q, p.num_workers, p.fixed_cost,
+                   p.metadata);
 }
 
 }  // namespace
 
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream) {
-  if (p.batch < 0 || p.num_workers < 1 || p.metadata == nullptr) return cudaErrorInvalidValue;
+  if (p.batch < 0 || p.num_workers < 1 || p.metadata == nullptr || p.fixed_cost < 0 ||
+      p.fixed_cost > kMaxFixedCost)
+    return cudaErrorInvalidValue;
   const size_t need = closed_form_smem_bytes(p.batch, p.num_workers);
   if (need <= kMetaSmemBytes)
     mla_metadata_closed_form_kernel<<<1, kMetaThreads, need, stream>>>(p);
