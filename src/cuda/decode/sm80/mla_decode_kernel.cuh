@@ -626,7 +626,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             sc[k] = valid ? sc[k] * scale_log2 : -INFINITY;
             mx = fmaxf(mx, sc[k]);
           }
-#pragma unroll
           // 16-bit: the running max follows every tile's max exactly, so the dominant token's P
           // is exactly 1 in bf16. A lazy max (moving only past +8 in log2 units) measured 7%
           // faster at h_q = 128 on the H200 but put bf16 outputs at the 1e-5 cosine-distance
