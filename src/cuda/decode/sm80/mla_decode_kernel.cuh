@@ -23,19 +23,22 @@
 // runs across piece boundaries: a worker's next piece streams in while the current one finishes.
 // Shared memory: kStages * kBlockN * 1152 B of KV + 4 * kBlockM * kBlockN * 4 B of partial scores
 // + P, q_pe and row stats; every configuration fits sm_86's 101376 bytes (static_assert in the
-// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 204 / 255 / 255, no spills.
+// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 207 / 254 / 255, no spills.
+// One row group with >= 2 tiles ahead (M32, 8-bit M16) waits for the next tile before the P
+// barrier and skips the tile barrier: two barriers per tile instead of three.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
-// h_q=16: 13.8 us at b=1, 3.30 TB/s (73% of the read peak) at b=64, 3.56 TB/s at b=128;
-// h_q=128: 190-200 TFLOPS at b=64..128 (30-32% of mma.sync's 630).
+// h_q=16: 11.3 us at b=1, 3.48 TB/s (77% of the read peak) at b=64, 3.77 TB/s (84%) at b=128;
+// h_q=128: 201-211 TFLOPS at b=64..128 (32-34% of mma.sync's 628).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
 // QK and PV read the 8-bit bytes into registers and convert them while building the fp16 mma
 // fragments (kv8_dequant.cuh, exact codes); the scale multiplies the latent part of each score,
-// and P' = p * scale_t / S_tile (fp16) carries it into PV with O in units of S_tile. sm_86:
-// 96272 B / 89072 B of shared memory, 182-189 registers, no spills. Measured (H200, h_q=16,
-// b=64): FP8 at 0.98x bf16's speed at s_k 4096, 1.09-1.11x for s_k >= 16K (54-60% of the read
-// peak): the tile loop is latency-bound (research/perf/NOTES.md).
+// and P' = p * scale_t / S_tile (fp16, S_tile a power of two) carries it into PV with O in units
+// of S_tile; the running max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared
+// memory, 186-195 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.12x bf16's speed at
+// s_k 4096, 1.33-1.38x for s_k 16K-32K (68-73% of the read peak); INT8 1.02x / 1.15-1.18x. The
+// tile loop is still latency-bound (research/perf/NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>
