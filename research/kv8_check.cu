@@ -603,6 +603,20 @@ static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what)
     band(0, nb / 4, "fewest tokens (1/4)");
     band(nb - nb / 4, nb, "most tokens (1/4)");
   }
+  // KF_TIMELINE_CSV=<dir>: every block's row too, one file per call, for offline analysis.
+  if (const char* dir = getenv("KF_TIMELINE_CSV")) {
+    static int calls = 0;
+    char path[512];
+    snprintf(path, sizeof path, "%s/timeline-%02d.csv", dir, calls++);
+    if (FILE* f = fopen(path, "w")) {
+      fprintf(f, "# %s\nblock,sm,entry,pieces,first_tile,exit,npieces,tokens\n", what);
+      for (int b = 0; b < blocks; ++b)
+        fprintf(f, "%d,%llu,%.3f,%.3f,%.3f,%.3f,%.0f,%llu\n", b, slot(b, cuda::kTlSm), entry[b],
+                us(slot(b, cuda::kTlPieces)), us(slot(b, cuda::kTlFirstTile)), exit_[b], npieces[b],
+                slot(b, cuda::kTlTokens));
+      fclose(f);
+    }
+  }
   std::vector<double> sm_tok, sm_exit;
   for (auto& kv : by_sm) sm_tok.push_back(kv.second.first), sm_exit.push_back(kv.second.second);
   printf("  per SM (%zu): tokens min %.0f median %.0f max %.0f; latest exit min %.2f median %.2f "
@@ -746,6 +760,10 @@ static void timings() {
   if (g_timeline) {
     for (int b : {1, 64, 128}) row(16, b, 4096);
     row(128, 64, 4096);
+    return;
+  }
+  if (getenv("KF_ONLY_H128")) {  // quick h_q = 128 comparisons
+    for (int b : {8, 64}) row(128, b, 4096);
     return;
   }
   for (int b : {1, 8, 16, 32, 64, 128}) row(16, b, 4096);

@@ -54,6 +54,7 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/kv8_dequant.cuh"
+#include "cuda/decode/sm80/kv_tile_loader.cuh"
 #include "cuda/decode/sm80/mla_decode_sm80.h"  // the declarations (default kFmt)
 #include "cuda/decode/sm80/mla_decode_traits.h"
 
@@ -153,12 +154,10 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   constexpr int kBlockN = Tr::kBlockN, kStages = Tr::kStages, kMFrags = Tr::kMFrags;
   constexpr int kNFrags = Tr::kNFrags, kQkSteps = Tr::kQkSteps, kPvFrags = Tr::kPvFrags;
   constexpr int kRowBytes = kHeadDim * 2;
-  constexpr int kTpt = Tr::kThreadsPerToken;
   constexpr int kSoftTokens = Tr::kSoftTokens, kSoftTpr = Tr::kSoftThreadsPerRow;
   // Two accumulator sets halve the dependent mma chain when a warp has one row fragment.
   // (A 32-token tile already has four independent n8 chains.)
   constexpr int kAccSets = (kMFrags == 1 && kBlockN == 16 && !kKv8) ? 2 : 1;
-  constexpr int kRep = Tr::kTokPerThread, kTokStride = Tr::kTokStride;
   constexpr int kAhead = Tr::kAhead;
   // One row group and two or more tiles ahead: the block-wide barrier of a tile's arrival
   // merges into the previous tile's P barrier (the score and P barriers then span the block),
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   // keep the tile barrier; so does a ring one tile ahead, which would wait for the tile it has
   // just started (measured on the H200: bf16 h_q=16 b=64 5% slower).
   constexpr bool kMergedTileBarrier = Tr::kRowGroups == 1 && kAhead >= 2;
-  struct Pages { int v[kRep]; };  // a loading thread's page, one per token it loads
+  using Loader = KvTileLoader<Tr, T>;  // each warp copies kBlockN / kNumWarps tokens of a tile
 
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -211,14 +210,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const T* q = static_cast<const T*>(p.q);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
 
-  // cp.async mapping: thread -> (tokens j + r kTokStride of the tile, chunks c0, c0 + kTpt, ...).
-  const int ld_tok = tid / kTpt, ld_c0 = tid % kTpt;
-  const uint32_t ld_dst_off = ld_tok * kRowBytes + ((ld_c0 ^ (ld_tok & 7)) << 4);
-  // 8-bit ring tiles keep the page's sections: chunk c < 32 of a token is latent (stored at
-  // c ^ (j & 7) of its 512-byte row), 32..39 rope (at (c - 32) ^ (j & 7) of its 128-byte row),
-  // and one 4-byte copy the scale.
-  static_assert(!kKv8 || 32 % kTpt == 0, "");
-  static_assert(kTpt % 8 == 0, "the cp.async swizzle needs 8 threads per token at least");
   // Softmax mapping: thread -> (row srow of the block, tokens st0 .. st0 + kSoftTokens - 1).
   const int srow = g * Tr::kRowsPerGroup + d * Tr::kSoftRows + lane / kSoftTpr;
   const int st0 = (lane % kSoftTpr) * kSoftTokens;
@@ -237,96 +228,36 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     }
 #endif
 
-    // ---- producer: the next tile to load. Its piece's end lives in a register: reading it
-    // from the piece list for every tile put a shared-memory round trip in front of each range
-    // check and cp.async (28% of the 8-bit tile loop's stall samples, ncu on the H200). The
-    // request is read from the list for the page lookup only, which runs a tile ahead. ----
-    struct Producer {
-      int pi, tok, end;  // pi == n: done (end 0, so no token is in range)
+    // ---- producer: the next tile to load (every warp tracks it and copies its share). Its
+    // piece's end and request live in registers: reading them from the piece list for every tile
+    // put a shared-memory round trip in front of each range check and cp.async (ncu, H200). ----
+    auto producer_at = [&](int pi) -> TileProducer {
+      if (pi >= n) return {n, 0, 0, 0};
+      return {pi, pieces[pi].begin, pieces[pi].end, pieces[pi].req};
     };
-    auto producer_at = [&](int pi) -> Producer {
-      if (pi >= n) return {n, 0, 0};
-      return {pi, pieces[pi].begin, pieces[pi].end};
-    };
-    auto skip_done_pieces = [&](Producer& pr) {
+    auto skip_done_pieces = [&](TileProducer& pr) {
       while (pr.pi < n && pr.tok >= pr.end) pr = producer_at(pr.pi + 1);
     };
-    auto load_page = [&](const Producer& pr) -> Pages {
-      Pages pg;
-#pragma unroll
-      for (int r = 0; r < kRep; ++r) {
-        const int t = pr.tok + ld_tok + r * kTokStride;
-        pg.v[r] = t < pr.end ? __ldg(p.block_table +
-                                     int64_t(pieces[pr.pi].req) * p.block_table_batch_stride +
-                                     (t >> p.page_shift))
-                             : 0;
-      }
-      return pg;
-    };
-    auto issue = [&](const Producer& pr, const Pages& pg, int slot) {
-#pragma unroll
-      for (int r = 0; r < kRep; ++r) {
-        if (pr.pi >= n) break;
-        const int tj = ld_tok + r * kTokStride;  // token of the tile
-        const int t = pr.tok + tj;
-        const int page = pg.v[r];
-        bool ok = t < pr.end;
-        if (ok && uint32_t(page) >= uint32_t(p.num_pages)) {  // also catches page < 0
-          if (ld_c0 == 0)
-            report_device_error(p.error_buffer, kDevErrPageRange, pieces[pr.pi].req, page);
-          ok = false;
-        }
-        if constexpr (kKv8) {
-          // One 64-bit page base, then 32-bit offsets inside the page (a page is 644 B per
-          // token): latent chunks ld_c0 + 8 k of the token's 512-byte row, rope chunk ld_c0 of
-          // its 128-byte row (kTpt == 8: every thread has one), the scale (thread 7).
-          static_assert(!kKv8 || kTpt == 8, "");
-          const uint32_t in_page = uint32_t(t) & ((1u << p.page_shift) - 1u);
-          const uint8_t* page_base = kv8 + (ok ? int64_t(page) * p.kv_page_stride : 0);
-          const uint32_t sw = uint32_t((ld_c0 ^ (tj & 7)) << 4);
-          const uint32_t dst = kv_smem + slot * Tr::kKvTileBytes;
-          const uint8_t* lat = page_base + (in_page * kLatentDim + ld_c0 * 16);
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            cp_async_16(dst + tj * kLatentDim + sw + k * 128, lat + k * 128, ok ? 16 : 0);
-          cp_async_16(dst + Tr::kKv8RopeOff + tj * 128 + sw,
-                      page_base + (uint32_t(p.page_size) * kLatentDim + in_page * 128 + ld_c0 * 16),
-                      ok ? 16 : 0);
-          if (ld_c0 == kTpt - 1)
-            cp_async_4(dst + Tr::kKv8ScaleOff + tj * 4,
-                       page_base + (uint32_t(p.page_size) * (kLatentDim + 128) + in_page * 4),
-                       ok ? 4 : 0);
-        } else {
-          const T* src = ok ? kv + int64_t(page) * p.kv_page_stride +
-                                  int64_t(t & ((1 << p.page_shift) - 1)) * p.kv_token_stride
-                            : kv;
-          // kTpt is a multiple of 8, so chunk c0 + k kTpt swizzles to (c0 ^ (j & 7)) + k kTpt.
-          const uint32_t dst =
-              kv_smem + slot * Tr::kKvTileBytes + ld_dst_off + r * kTokStride * kRowBytes;
-          src += ld_c0 * 8;
-#pragma unroll
-          for (int k = 0; k < (Tr::kRowChunks + kTpt - 1) / kTpt; ++k) {
-            if (ld_c0 + k * kTpt < Tr::kRowChunks)
-              cp_async_16(dst + k * kTpt * 16, src + k * kTpt * 8, ok ? 16 : 0);
-          }
-        }
-        if (ld_c0 == 0) tok_ok[slot * kBlockN + tj] = ok;
-      }
-      cp_async_commit();
+    // The warp and lane come from a fresh %tid.x: captured from the kernel's start they kept two
+    // more registers live through the 255-register h_q = 128 loop, which then ran 8% slower.
+    auto issue = [&](const TileProducer& pr, int page, int slot) {
+      const int t = fresh_tid();
+      Loader::issue(p, pr, page, kv_smem + slot * Tr::kKvTileBytes, tok_ok + slot * kBlockN, t >> 5,
+                    t & 31);
     };
 
-    Producer prod = producer_at(0);
+    TileProducer prod = producer_at(0);
     skip_done_pieces(prod);
-    Pages prod_page;
+    int prod_page;
     {
       // Prologue: look up the pages of the first kAhead + 1 tiles together (one latency, not
       // kAhead + 1), then start kAhead of them.
-      Producer prs[kAhead + 1];
-      Pages pages[kAhead + 1];
+      TileProducer prs[kAhead + 1];
+      int pages[kAhead + 1];
 #pragma unroll
       for (int s = 0; s <= kAhead; ++s) {
         prs[s] = prod;
-        pages[s] = load_page(prod);
+        pages[s] = Loader::page(p, prod, fresh_tid() >> 5);
         prod.tok += kBlockN;
         skip_done_pieces(prod);
       }
@@ -342,7 +273,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       issue(prod, prod_page, (read_slot + kAhead) % kStages);
       prod.tok += kBlockN;
       if (prod.tok >= prod.end) skip_done_pieces(prod);  // a piece ended (or all did)
-      prod_page = load_page(prod);
+      prod_page = Loader::page(p, prod, fresh_tid() >> 5);
     };
 
     for (int pi = 0; pi < n; ++pi) {

@@ -46,13 +46,6 @@ struct MlaDecodeTraits {
   static constexpr int kNFrags = kBlockN / 8;               // n8 fragments of a score tile
   static constexpr int kRowChunks = kHeadDim * 2 / 16;      // 16-byte chunks per 16-bit row
   static constexpr int kRowChunks8 = (kLatentDim + kRopeDim * 2) / 16;  // 8-bit: latent + rope
-  // cp.async mapping: >= 8 threads per token (the XOR swizzle covers 8 chunks), so a 32-token
-  // tile of 128 threads has each thread load kTokPerThread = 2 tokens, kTokStride apart (a
-  // multiple of 8: the same swizzle for both).
-  static constexpr int kThreadsPerToken = kNumThreads / kBlockN >= 8 ? kNumThreads / kBlockN : 8;
-  static constexpr int kTokPerThread = kBlockN * kThreadsPerToken / kNumThreads;
-  static constexpr int kTokStride = kNumThreads / kThreadsPerToken;
-
   // Softmax stage: each warp of a row group finishes kSoftRows rows of the group's scores.
   static constexpr int kSoftRows = kRowsPerGroup / kDimGroups;
   static constexpr int kSoftThreadsPerRow = 32 / kSoftRows;
@@ -89,8 +82,7 @@ struct MlaDecodeTraits {
   static_assert(kSmemBytes <= kSm86MaxSmemPerBlock, "does not fit sm_86's 99 KiB per block");
   static_assert(kHeadDim % (kDimGroups * 16) == 0 && kLatentDim % (kDimGroups * 16) == 0, "");
   static_assert(kBlockN == 16 || kBlockN == 32, "score swizzles are written for 16 or 32 tokens");
-  static_assert(kSoftTokens >= 2 && kTokPerThread * kTokStride == kBlockN, "");
-  static_assert(kTokPerThread == 1 || kTokStride % 8 == 0, "one swizzle for a thread's tokens");
+  static_assert(kSoftTokens >= 2, "");
   static_assert(kStages >= 2, "");
   static_assert(!kDeferPv || (kRowGroups == 2 && kStages >= 3 && !kKv8), "");
   static_assert(!kKv8 || kMFrags == 1, "8-bit: one row fragment per warp (o_acc holds 128 dims)");
