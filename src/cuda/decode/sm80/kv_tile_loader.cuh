@@ -1,16 +1,18 @@
 // The decode kernel's KV tile loads (cp.async into the ring), shared out by warp: warp w copies
 // tokens w T .. w T + T - 1 of the tile (T = kBlockN / warps: 2, 4 or 8 tokens).
 //
-// Why by warp: a warp's T tokens lie in one page (pages hold a power of two >= 16 tokens, tiles
-// start at multiples of 16 and T divides 16), so a warp needs one page lookup, one range check
-// and one 64-bit page address per tile, and every copy is that address plus a lane offset plus an
-// immediate. The previous split (each thread two tokens of its own, each with its own lookup,
-// 64-bit address, checks and error path) cost every warp ~130-220 instructions per tile, 25-43% of
-// the tile loop (SASS of the sm_90 build: a variant without loads ran 528 instead of 741
-// instructions per warp per 32-token fp8 tile, 287 instead of 506 for bf16, 569 instead of 699
-// for h_q = 128). Measured on the H200: one warp loading whole tiles for the block (fewer
-// instructions in all, more in that warp) was slower (h_q = 128 +9%): the tile loop runs at the
-// pace of its slowest warp, so the loads stay spread evenly.
+// Why by warp: a warp's T tokens lie in one page (pages hold a power of two >= T tokens, tiles
+// start at multiples of 16 and T divides 16; 16-bit caches with smaller pages run a separate
+// instantiation, kSmallPages, that looks up each token's page), so a warp needs one page lookup,
+// one range check and one 64-bit page address per tile, and every copy is that address plus a
+// lane offset plus an immediate. The previous split (each thread two tokens of its own, each with
+// its own lookup, 64-bit address, checks and error path) cost every warp ~130-220 instructions
+// per tile, 25-43% of the tile loop (SASS of the sm_90 build: a variant without loads ran 528
+// instead of 741 instructions per warp per 32-token fp8 tile, 287 instead of 506 for bf16, 569
+// instead of 699 for h_q = 128). Measured on the H200: one warp loading whole tiles for the block
+// (fewer instructions in all, more in that warp) was slower (h_q = 128 +9%): the tile loop runs
+// at the pace of its slowest warp, so the loads stay spread evenly. A per-lane page lookup for
+// every page size in one instantiation cost h_q = 128 4% and fp8 h_q = 128 b = 8 7%.
 //
 // Layout written (as the consumers read it): 16-bit tiles are kBlockN rows of 1152 bytes, 16-byte
 // chunk c of token j at (c & ~7) | ((c ^ j) & 7); 8-bit tiles keep the page's sections (kBlockN x
@@ -35,7 +37,7 @@ struct TileProducer {
   int pi, tok, end, req;
 };
 
-template <class Tr, typename T>
+template <class Tr, typename T, bool kSmallPages = false>
 struct KvTileLoader {
   static constexpr int kTok = Tr::kBlockN / Tr::kNumWarps;  // tokens per warp
   static_assert(kTok >= 2 && 16 % kTok == 0, "a warp's tokens lie in one 16-token group");
@@ -49,23 +51,37 @@ struct KvTileLoader {
   static constexpr int kPasses = kTok / kTokPerPass;
   static constexpr int kChunks = (kRowBytes / 16 + kLanes - 1) / kLanes;
   static_assert(kPasses >= 1 && (!Tr::kKv8 || kTok % 4 == 0), "");
+  static_assert(!(kSmallPages && Tr::kKv8), "8-bit pages hold 16 tokens or more");
 
-  // The page of warp `warp`'s tokens of tile `pr` (0 past the piece); the same word in every lane.
-  __device__ static int page(const MlaDecodeParams& p, const TileProducer& pr, int warp) {
-    const int t = pr.tok + warp * kTok;
-    return t < pr.end ? __ldg(p.block_table + int64_t(pr.req) * p.block_table_batch_stride +
-                              (t >> p.page_shift))
-                      : 0;
+  // The pages a lane copies from in tile `pr` (0 past the piece): the page of the warp's tokens
+  // (the same word in every lane); with kSmallPages (16-bit pages of fewer than kTok tokens), the
+  // page of the lane's token in each pass.
+  static constexpr int kLanePages = kSmallPages ? kPasses : 1;
+  struct Pages {
+    int v[kLanePages];
+  };
+  __device__ static Pages pages(const MlaDecodeParams& p, const TileProducer& pr, int warp,
+                                int lane) {
+    Pages pg;
+    const int* row = p.block_table + int64_t(pr.req) * p.block_table_batch_stride;
+#pragma unroll
+    for (int ps = 0; ps < kLanePages; ++ps) {
+      const int t = pr.tok + warp * kTok + (kSmallPages ? ps * kTokPerPass + lane / kLanes : 0);
+      pg.v[ps] = t < pr.end ? __ldg(row + (t >> p.page_shift)) : 0;
+    }
+    return pg;
   }
 
   // Start warp `warp`'s share of tile `pr` into the ring tile at shared address `tile` (flags in
   // tok_ok_tile), then commit the group.
-  __device__ static void issue(const MlaDecodeParams& p, const TileProducer& pr, int page_word,
+  __device__ static void issue(const MlaDecodeParams& p, const TileProducer& pr, const Pages& pg,
                                uint32_t tile, uint8_t* tok_ok_tile, int warp, int lane) {
     const int j0 = warp * kTok;
     const int t0 = pr.tok + j0;
-    if (pr.tok < pr.end) {  // else the worker has no tile left: an empty group
-      const uint32_t page = uint32_t(page_word);
+    if constexpr (kSmallPages) {
+      if (pr.tok < pr.end) issue16_small_pages(p, pr, pg, tile, tok_ok_tile, j0, lane);
+    } else if (pr.tok < pr.end) {  // else the worker has no tile left: an empty group
+      const uint32_t page = uint32_t(pg.v[0]);
       const bool live = t0 < pr.end;
       const bool page_ok = page < uint32_t(p.num_pages);  // also catches page < 0
       if (live && !page_ok && lane == 0)
@@ -102,6 +118,34 @@ struct KvTileLoader {
         if ((kRowBytes / 16) % kLanes == 0 || c0 + k * kLanes < kRowBytes / 16)
           cp_async_16(dst + 16 * kLanes * k, s + 16 * kLanes * k, n);
       if (c0 == 0) tok_ok_tile[j] = n != 0;
+    }
+  }
+
+  // 16-bit pages of fewer than kTok tokens (1, 2 or 4; accepted, though no one serves such
+  // caches): every lane group copies from its own token's page.
+  __device__ static void issue16_small_pages(const MlaDecodeParams& p, const TileProducer& pr,
+                                             const Pages& pg, uint32_t tile, uint8_t* tok_ok_tile,
+                                             int j0, int lane) {
+    const int jl = lane / kLanes, c0 = lane % kLanes;
+    const int64_t tsb = p.kv_token_stride * int64_t(sizeof(T));
+    const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
+#pragma unroll
+    for (int ps = 0; ps < kLanePages; ++ps) {
+      const int j = j0 + ps * kTokPerPass + jl, t = pr.tok + j;
+      const uint32_t page = uint32_t(pg.v[ps]);
+      const bool live = t < pr.end, page_ok = page < uint32_t(p.num_pages);
+      if (live && !page_ok && c0 == 0)
+        report_device_error(p.error_buffer, kDevErrPageRange, pr.req, int32_t(page));
+      const bool ok = live && page_ok;
+      const uint8_t* src = kv + (ok ? int64_t(page) * p.kv_page_stride * kElemBytes +
+                                          int64_t(t & (p.page_size - 1)) * tsb + c0 * 16
+                                    : 0);
+      const uint32_t dst = tile + j * kRowBytes + (((c0 & ~7) | ((c0 ^ j) & 7)) << 4);
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k)
+        if ((kRowBytes / 16) % kLanes == 0 || c0 + k * kLanes < kRowBytes / 16)
+          cp_async_16(dst + 16 * kLanes * k, src + 16 * kLanes * k, ok ? 16 : 0);
+      if (c0 == 0) tok_ok_tile[j] = ok;
     }
   }
 

@@ -144,7 +144,9 @@ __device__ void write_empty_rows(const MlaDecodeParams& p, int row0) {
   }
 }
 
-template <class Tr, typename T, int kFmt>
+// kSmallPages: a 16-bit cache whose pages hold fewer tokens than a warp copies per tile
+// (kv_tile_loader.cuh); a separate instantiation so the usual one keeps its registers.
+template <class Tr, typename T, int kFmt, bool kSmallPages = false>
 __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     mla_decode_sm80_kernel(const __grid_constant__ MlaDecodeParams p) {
   static_assert(Tr::kKv8 == (kFmt != kKvFmt16), "8-bit formats use the 8-bit traits");
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   // keep the tile barrier; so does a ring one tile ahead, which would wait for the tile it has
   // just started (measured on the H200: bf16 h_q=16 b=64 5% slower).
   constexpr bool kMergedTileBarrier = Tr::kRowGroups == 1 && kAhead >= 2;
-  using Loader = KvTileLoader<Tr, T>;  // each warp copies kBlockN / kNumWarps tokens of a tile
+  using Loader = KvTileLoader<Tr, T, kSmallPages>;  // each warp copies kBlockN / kNumWarps tokens
 
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -240,24 +242,29 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     };
     // The warp and lane come from a fresh %tid.x: captured from the kernel's start they kept two
     // more registers live through the 255-register h_q = 128 loop, which then ran 8% slower.
-    auto issue = [&](const TileProducer& pr, int page, int slot) {
+    using Pages = typename Loader::Pages;
+    auto issue = [&](const TileProducer& pr, const Pages& pg, int slot) {
       const int t = fresh_tid();
-      Loader::issue(p, pr, page, kv_smem + slot * Tr::kKvTileBytes, tok_ok + slot * kBlockN, t >> 5,
+      Loader::issue(p, pr, pg, kv_smem + slot * Tr::kKvTileBytes, tok_ok + slot * kBlockN, t >> 5,
                     t & 31);
+    };
+    auto lookup = [&](const TileProducer& pr) {
+      const int t = fresh_tid();
+      return Loader::pages(p, pr, t >> 5, t & 31);
     };
 
     TileProducer prod = producer_at(0);
     skip_done_pieces(prod);
-    int prod_page;
+    Pages prod_page;
     {
       // Prologue: look up the pages of the first kAhead + 1 tiles together (one latency, not
       // kAhead + 1), then start kAhead of them.
       TileProducer prs[kAhead + 1];
-      int pages[kAhead + 1];
+      Pages pages[kAhead + 1];
 #pragma unroll
       for (int s = 0; s <= kAhead; ++s) {
         prs[s] = prod;
-        pages[s] = Loader::page(p, prod, fresh_tid() >> 5);
+        pages[s] = lookup(prod);
         prod.tok += kBlockN;
         skip_done_pieces(prod);
       }
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
       issue(prod, prod_page, (read_slot + kAhead) % kStages);
       prod.tok += kBlockN;
       if (prod.tok >= prod.end) skip_done_pieces(prod);  // a piece ended (or all did)
-      prod_page = Loader::page(p, prod, fresh_tid() >> 5);
+      prod_page = lookup(prod);
     };
 
     for (int pi = 0; pi < n; ++pi) {
@@ -718,6 +725,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 template <class Tr, typename T, int kFmt>
 cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
   auto kernel = mla_decode_sm80_kernel<Tr, T, kFmt>;
+  if constexpr (!Tr::kKv8) {
+    if (p.page_size < KvTileLoader<Tr, T>::kTok) kernel = mla_decode_sm80_kernel<Tr, T, kFmt, true>;
+  }
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
