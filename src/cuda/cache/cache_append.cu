@@ -22,19 +22,26 @@ namespace {
 
 constexpr int kAppendWarps = 8;
 
+// The cache slot of row i (one warp per row), or a negative value when the warp has nothing to
+// write: past the rows, a negative slot (skipped), or a slot past the cache (reported, skipped).
+__device__ __forceinline__ int64_t append_slot(const CacheAppendParams& p, int i, int lane) {
+  if (i >= p.num_tokens) return -1;
+  const int64_t slot = p.slot_mapping[i];
+  if (slot >= (int64_t(p.num_pages) << p.page_shift)) {
+    if (lane == 0) report_device_error(p.error_buffer, kDevErrSlotRange, i, slot);
+    return -1;
+  }
+  return slot;
+}
+
 template <typename Vec>
 __global__ void __launch_bounds__(kAppendWarps * 32)
     cache_append_kernel(const __grid_constant__ CacheAppendParams p) {
   constexpr int kPerRow = kHeadDim * 2 / int(sizeof(Vec));
   const int i = blockIdx.x * kAppendWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (i >= p.num_tokens) return;
-  const int64_t slot = p.slot_mapping[i];
+  const int64_t slot = append_slot(p, i, lane);
   if (slot < 0) return;
-  if (slot >= (int64_t(p.num_pages) << p.page_shift)) {
-    if (lane == 0) report_device_error(p.error_buffer, kDevErrSlotRange, i, slot);
-    return;
-  }
   const int64_t page = slot >> p.page_shift, offset = slot & ((1 << p.page_shift) - 1);
   const uint16_t* src = static_cast<const uint16_t*>(p.kv) + int64_t(i) * p.kv_row_stride;
   uint16_t* dst = static_cast<uint16_t*>(p.cache) + page * p.cache_page_stride +
@@ -96,13 +103,8 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
     cache_append_8bit_kernel(const __grid_constant__ CacheAppendParams p) {
   const int i = blockIdx.x * kAppendWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (i >= p.num_tokens) return;
-  const int64_t slot = p.slot_mapping[i];
+  const int64_t slot = append_slot(p, i, lane);
   if (slot < 0) return;
-  if (slot >= (int64_t(p.num_pages) << p.page_shift)) {
-    if (lane == 0) report_device_error(p.error_buffer, kDevErrSlotRange, i, slot);
-    return;
-  }
   const int64_t page = slot >> p.page_shift;
   const int offset = int(slot & ((1 << p.page_shift) - 1));
   quantize_row_warp(static_cast<const uint16_t*>(p.kv) + int64_t(i) * p.kv_row_stride, p.dtype,
