@@ -16,19 +16,20 @@
 //      and adds P V, V being the first 512 dims of the same shared-memory tile (ldmatrix.trans).
 //      M64 (kDeferPv): row group 1 runs step 3 one tile late, overlapping its mma work with
 //      group 0's softmax.
-// Memory: a kStages-deep cp.async ring of KV tiles (kAhead ahead of the one consumed; M16 loads
-// 32-token tiles, two tokens per loading thread), zero-filled (src-size 0) past a piece's end
+// Memory: a kStages-deep cp.async ring of KV tiles (kAhead ahead of the one consumed; each warp
+// copies a run of consecutive tokens of every tile, kv_tile_loader.cuh; the stream is marked
+// evict-first in L2), zero-filled (src-size 0) past a piece's end
 // and on bad pages so no NaN in page padding reaches an mma; 16-byte chunks XOR-swizzled by the
 // token (a 1152-byte row stride would put the 8 rows of an ldmatrix in one bank group). The ring
 // runs across piece boundaries: a worker's next piece streams in while the current one finishes.
 // Shared memory: kStages * kBlockN * 1152 B of KV + 4 * kBlockM * kBlockN * 4 B of partial scores
 // + P, q_pe and row stats; every configuration fits sm_86's 101376 bytes (static_assert in the
-// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 207 / 254 / 255, no spills.
+// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 206 / 254 / 253, no spills.
 // One row group with >= 2 tiles ahead (M32, 8-bit M16) waits for the next tile before the P
 // barrier and skips the tile barrier: two barriers per tile instead of three.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
-// h_q=16: 11.3 us at b=1, 3.48 TB/s (77% of the read peak) at b=64, 3.77 TB/s (84%) at b=128;
-// h_q=128: 201-211 TFLOPS at b=64..128 (32-34% of mma.sync's 628).
+// h_q=16: 11.0 us at b=1, 3.77 TB/s (81% of the read peak) at b=64, 4.0 TB/s (86%) at b=128;
+// h_q=128: 206-216 TFLOPS at b=64..128 (33-34% of mma.sync's 628).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
@@ -36,8 +37,8 @@
 // fragments (kv8_dequant.cuh, exact codes); the scale multiplies the latent part of each score,
 // and P' = p * scale_t / S_tile (fp16, S_tile a power of two) carries it into PV with O in units
 // of S_tile; the running max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared
-// memory, 186-195 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.12x bf16's speed at
-// s_k 4096, 1.33-1.38x for s_k 16K-32K (68-73% of the read peak); INT8 1.02x / 1.15-1.18x. The
+// memory, 184-193 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.07x bf16's speed at
+// s_k 4096, 1.32-1.38x for s_k 16K-64K (68-75% of the read peak); INT8 0.97x / 1.15-1.19x. The
 // tile loop is still latency-bound (research/perf/NOTES.md).
 #pragma once
 
