@@ -609,11 +609,15 @@ static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what)
     char path[512];
     snprintf(path, sizeof path, "%s/timeline-%02d.csv", dir, calls++);
     if (FILE* f = fopen(path, "w")) {
-      fprintf(f, "# %s\nblock,sm,entry,pieces,first_tile,exit,npieces,tokens\n", what);
-      for (int b = 0; b < blocks; ++b)
-        fprintf(f, "%d,%llu,%.3f,%.3f,%.3f,%.3f,%.0f,%llu\n", b, slot(b, cuda::kTlSm), entry[b],
+      fprintf(f, "# %s\nblock,sm,entry,pieces,first_tile,exit,npieces,tokens,s3,s4,s5,s6,s7,s8,s9,s10\n", what);
+      for (int b = 0; b < blocks; ++b) {
+        fprintf(f, "%d,%llu,%.3f,%.3f,%.3f,%.3f,%.0f,%llu", b, slot(b, cuda::kTlSm), entry[b],
                 us(slot(b, cuda::kTlPieces)), us(slot(b, cuda::kTlFirstTile)), exit_[b], npieces[b],
                 slot(b, cuda::kTlTokens));
+        // Slots 3..10: piece ends, or a diagnostic build's own marks.
+        for (int s = 3; s <= 10; ++s) fprintf(f, ",%.3f", us(slot(b, s)));
+        fprintf(f, "\n");
+      }
       fclose(f);
     }
   }

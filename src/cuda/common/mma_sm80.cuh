@@ -74,6 +74,29 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
 }
 
 // Two floats -> one register of two 16-bit values (low half = a), round to nearest even.
+// Transpose a 4x4 of float4 across the 4 lanes of a quad (lanes 4 q .. 4 q + 3; t = lane & 3):
+// on entry lane t holds a[j] = element (t, j), on return a[i] = element (i, t). Two xor-shuffle
+// rounds; every lane of the warp must call it.
+__device__ __forceinline__ void quad_transpose(float4 (&a)[4], int t) {
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j & m) continue;
+      const int jj = j | m;
+      const float4 send = (t & m) ? a[j] : a[jj];
+      float4 recv;
+      recv.x = __shfl_xor_sync(0xffffffffu, send.x, m);
+      recv.y = __shfl_xor_sync(0xffffffffu, send.y, m);
+      recv.z = __shfl_xor_sync(0xffffffffu, send.z, m);
+      recv.w = __shfl_xor_sync(0xffffffffu, send.w, m);
+      if (t & m)
+        a[j] = recv;
+      else
+        a[jj] = recv;
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <>

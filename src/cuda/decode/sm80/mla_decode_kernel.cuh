@@ -658,7 +658,49 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
         }
         named_barrier(1 + g, Tr::kDimGroups * 32);
-        if (e.write != kWriteNone) {
+        if constexpr (kKv8) {
+          // 8-bit: a thread's row holds 32 consecutive output dims, 128 d + 32 t .. + 31
+          // (kv8_dequant.cuh's permuted P V dims). Stored as they lie, each store instruction
+          // touched 32 sectors for 8 bytes each, 4x the 16-bit path's count: on the H200 the fp8
+          // epilogue took ~4.3 us per piece vs ~1 us for bf16 (per-step timeline, b = 1). A quad
+          // transpose first makes each instruction cover 16 consecutive dims of one thread's run:
+          // lane t then stores dims 32 s + 16 b + 4 t .. + 3 (s = the source thread).
+          if (e.write != kWriteNone) {
+            const int t = lane & 3;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int r = g * Tr::kRowsPerGroup + (lane >> 2) + hf * 8;
+              const int row = row0 + r;
+              const float inv = inv_l_s[r];
+              const int s_q = row / p.h_q, h_q = row % p.h_q;
+#pragma unroll
+              for (int b = 0; b < 2; ++b) {
+                // a[j]: dims 16 b + 4 j .. + 3 of this thread's run (fragments 4 j .. 4 j + 3).
+                float4 a[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                  a[j] = make_float4(o_acc[0][4 * j][2 * hf + b] * inv, o_acc[0][4 * j + 1][2 * hf + b] * inv,
+                                     o_acc[0][4 * j + 2][2 * hf + b] * inv,
+                                     o_acc[0][4 * j + 3][2 * hf + b] * inv);
+                quad_transpose(a, t);  // a[s]: dims 16 b + 4 t .. of thread s's run
+                if (row >= p.num_rows) continue;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                  const int col = d * 128 + 32 * s + 16 * b + 4 * t;
+                  if (e.write == kWriteOut) {  // out rows are only 4-byte aligned
+                    T* o = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
+                           int64_t(s_q) * p.o_seq_stride + int64_t(h_q) * p.o_head_stride + col;
+                    reinterpret_cast<uint32_t*>(o)[0] = pack2<T>(a[s].x, a[s].y);
+                    reinterpret_cast<uint32_t*>(o)[1] = pack2<T>(a[s].z, a[s].w);
+                  } else {
+                    *reinterpret_cast<float4*>(p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim +
+                                               col) = a[s];
+                  }
+                }
+              }
+            }
+          }
+        } else if (e.write != kWriteNone) {
 #pragma unroll
           for (int mf = 0; mf < kMFrags; ++mf)
 #pragma unroll
@@ -667,20 +709,12 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               const int row = row0 + r;
               if (row >= p.num_rows) continue;
               const float inv = inv_l_s[r];
-              // Output pair i (i < kPvFrags) of this thread's row: dims (col, col + 1), values.
-              // 16-bit: fragment i, dims d * 16 + 2 t + 64 (i / 2) + 8 (i % 2). 8-bit (dims
-              // permuted, kv8_dequant.cuh): dims 128 d + 32 t + 2 i' + 16 h, fragments 2 i', 2 i' + 1.
+              // Output pair i (i < kPvFrags) of this thread's row: fragment i, dims d * 16 + 2 t +
+              // 64 (i / 2) + 8 (i % 2): a quad's 4 pairs are 32 consecutive bytes (one sector).
               auto pair = [&](int i, int& col, float& v0, float& v1) {
-                if constexpr (kKv8) {
-                  const int h = i >> 3, i2 = 2 * (i & 7);
-                  col = d * 128 + 32 * (lane & 3) + 16 * h + i2;
-                  v0 = o_acc[mf][i2][2 * hf + h] * inv;
-                  v1 = o_acc[mf][i2 + 1][2 * hf + h] * inv;
-                } else {
-                  col = d * 16 + 2 * (lane & 3) + (i >> 1) * 64 + (i & 1) * 8;
-                  v0 = o_acc[mf][i][2 * hf] * inv;
-                  v1 = o_acc[mf][i][2 * hf + 1] * inv;
-                }
+                col = d * 16 + 2 * (lane & 3) + (i >> 1) * 64 + (i & 1) * 8;
+                v0 = o_acc[mf][i][2 * hf] * inv;
+                v1 = o_acc[mf][i][2 * hf + 1] * inv;
               };
               if (e.write == kWriteOut) {
                 const int s = row / p.h_q, h = row % p.h_q;
