@@ -28,7 +28,7 @@
 // One row group with >= 2 tiles ahead (M32, 8-bit M16) waits for the next tile before the P
 // barrier and skips the tile barrier: two barriers per tile instead of three.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
-// h_q=16: 11.0 us at b=1, 3.77 TB/s (81% of the read peak) at b=64, 4.0 TB/s (86%) at b=128;
+// h_q=16: 11.0 us at b=1, 3.69-3.77 TB/s (83%) at b=64, 3.9-4.0 TB/s (86-88%) at b=128;
 // h_q=128: 206-216 TFLOPS at b=64..128 (33-34% of mma.sync's 628).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
@@ -37,8 +37,8 @@
 // fragments (kv8_dequant.cuh, exact codes); the scale multiplies the latent part of each score,
 // and P' = p * scale_t / S_tile (fp16, S_tile a power of two) carries it into PV with O in units
 // of S_tile; the running max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared
-// memory, 184-193 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.07x bf16's speed at
-// s_k 4096, 1.32-1.38x for s_k 16K-64K (68-75% of the read peak); INT8 0.97x / 1.15-1.19x. The
+// memory, 184-193 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at
+// s_k 4096, 1.39-1.40x for s_k 16K-64K (74-76% of the read peak); INT8 1.11x / 1.11-1.23x. The
 // tile loop is still latency-bound (research/perf/NOTES.md).
 #pragma once
 
