@@ -101,6 +101,8 @@ struct KvTileLoader {
     cp_async_commit();
   }
 
+  // 16-bit rows: in pass ps, lane group jl copies token j0 + ps kTokPerPass + jl of the tile
+  // (the warp's first n_live tokens; the rest zero-filled), from the page row at `base`.
   __device__ static void issue16(const MlaDecodeParams& p, const uint8_t* base, uint32_t in0,
                                  int n_live, uint32_t tile, uint8_t* tok_ok_tile, int j0, int lane) {
     const int jl = lane / kLanes, c0 = lane % kLanes;
