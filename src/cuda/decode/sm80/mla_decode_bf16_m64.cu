@@ -3,6 +3,5 @@
 #include "cuda/decode/sm80/mla_decode_sm80.h"
 
 namespace kf::cuda {
-template cudaError_t run_mla_decode_sm80<MlaTraitsM64, __nv_bfloat16, kKvFmt16>(const MlaDecodeParams&, cudaStream_t);
-template int mla_decode_sm80_blocks_per_sm<MlaTraitsM64, __nv_bfloat16, kKvFmt16>(int);
+KF_DECODE_INSTANTIATE(MlaTraitsM64, __nv_bfloat16, kKvFmt16)
 }  // namespace kf::cuda

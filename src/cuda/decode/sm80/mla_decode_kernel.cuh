@@ -207,8 +207,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const uint32_t p_smem = smem_u32(smem + Tr::kPOff);
   const uint32_t qpe_smem = smem_u32(smem + Tr::kQpeOff);
 
-  const T* kv = static_cast<const T*>(p.kv);
-  const uint8_t* kv8 = static_cast<const uint8_t*>(p.kv);
   float* unit_s = reinterpret_cast<float*>(smem + Tr::kUnitOff);
   const T* q = static_cast<const T*>(p.q);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -798,5 +796,11 @@ int mla_decode_sm80_blocks_per_sm(int device) {
                                   : (by_regs < by_threads ? by_regs : by_threads);
   return n < 1 ? 1 : n;
 }
+
+// Explicit instantiation of one configuration (one .cu file per family, so a small machine builds
+// them in parallel).
+#define KF_DECODE_INSTANTIATE(Tr, T, F)                                                       \
+  template cudaError_t run_mla_decode_sm80<Tr, T, F>(const MlaDecodeParams&, cudaStream_t); \
+  template int mla_decode_sm80_blocks_per_sm<Tr, T, F>(int);
 
 }  // namespace kf::cuda

@@ -3,8 +3,6 @@
 #include "cuda/decode/sm80/mla_decode_sm80.h"
 
 namespace kf::cuda {
-template cudaError_t run_mla_decode_sm80<MlaTraits8M32, __half, kKvFmtE4M3>(const MlaDecodeParams&, cudaStream_t);
-template cudaError_t run_mla_decode_sm80<MlaTraits8M32, __half, kKvFmtInt8>(const MlaDecodeParams&, cudaStream_t);
-template int mla_decode_sm80_blocks_per_sm<MlaTraits8M32, __half, kKvFmtE4M3>(int);
-template int mla_decode_sm80_blocks_per_sm<MlaTraits8M32, __half, kKvFmtInt8>(int);
+KF_DECODE_INSTANTIATE(MlaTraits8M32, __half, kKvFmtE4M3)
+KF_DECODE_INSTANTIATE(MlaTraits8M32, __half, kKvFmtInt8)
 }  // namespace kf::cuda
