@@ -19,11 +19,11 @@
 //   QK: a dot product does not care about the order of its k index, so k-step j of thread t
 //       takes the 4 consecutive dims 128 d + 32 t + 4 j .. + 3 (mma k = 2t, 2t+1, 2t+8, 2t+9):
 //       one 4-byte word gives both B registers, and the thread's q is 32 consecutive dims.
-//   PV: output dims are permuted instead: n8 fragment f's column g is dim 128 d + 16 g + f, so a
-//       thread loads 16 bytes (dims 16 g ..) of the four tokens it needs (2t, 2t+1, 2t+8, 2t+9)
-//       and byte-permutes them into token pairs; its accumulator o[f] holds dims
-//       128 d + 32 t + f (columns 0, 2) and 128 d + 32 t + 16 + f (columns 1, 3).
-// Both patterns read 8 distinct 16-byte bank groups per quarter-warp under the chunk swizzle.
+//   PV: no second read or conversion: the QK B fragment of an 8x8 block (thread (g, t): token g,
+//       two dims) transposed (movmatrix, sm_75+) is the P V B fragment (tokens 2t, 2t+1, one
+//       dim), so output fragment f = 2 j + h has column g = dim 128 d + 32 (g / 2) + 4 j + 2 h +
+//       (g % 2), and a thread's accumulator o[f][e] (+2: row + 8) holds dim 128 d + 32 t + 2 f + e.
+// The QK reads hit 8 distinct 16-byte bank groups per quarter-warp under the chunk swizzle.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -166,14 +166,17 @@ __device__ __forceinline__ float kv8_q_fragments(const T* row_dims, bool valid,
 }
 
 // Latent partial scores of this warp for the tile's kNFrags * 8 tokens:
-// s[nf] += q16 . k_q over dims [128 d, 128 d + 128) (unscaled codes; see the layout above).
+// s[nf] += q16 . k_q over dims [128 d, 128 d + 128) (unscaled codes; see the layout above). The
+// converted B registers stay in kb[nf][j][0/1] (dims 4j, 4j+1 and 4j+2, 4j+3 of the thread's 32,
+// token g of fragment nf): P V reuses them (kv8_pv_from_k), so every code is converted once.
 template <int kFmt, int kNFrags>
-__device__ __forceinline__ void kv8_qk_latent(float (&s)[kNFrags][4], const uint32_t (&qf)[8][4],
-                                              const uint8_t* lat, int d, int lane) {
-  const int g = lane >> 2, t = lane & 3;  // token g of each n8 fragment; g = token & 7
-  const int c0 = ((8 * d + 2 * t) ^ g) << 4;  // chunk 8d + 2t (dims 32 t .. + 15), swizzled
+__device__ __forceinline__ void kv8_qk_latent_keep(float (&s)[kNFrags][4], const uint32_t (&qf)[8][4],
+                                                   const uint8_t* lat, int d, int lane,
+                                                   uint32_t (&kb)[kNFrags][8][2]) {
+  const int g = lane >> 2, t = lane & 3;
+  const int c0 = ((8 * d + 2 * t) ^ g) << 4;
   const uint8_t* p0 = lat + g * kLatentDim + c0;
-  const uint8_t* p1 = lat + g * kLatentDim + (c0 ^ 16);  // chunk 8d + 2t + 1
+  const uint8_t* p1 = lat + g * kLatentDim + (c0 ^ 16);
 #pragma unroll
   for (int nf = 0; nf < kNFrags; ++nf) {
     const uint4 x0 = *reinterpret_cast<const uint4*>(p0 + nf * 8 * kLatentDim);
@@ -181,41 +184,31 @@ __device__ __forceinline__ void kv8_qk_latent(float (&s)[kNFrags][4], const uint
     const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      uint32_t b0, b1;
-      kv8x4_to_f16<kFmt>(w[j], b0, b1);
-      mma_16816<__half>(s[nf], qf[j], b0, b1);
+      kv8x4_to_f16<kFmt>(w[j], kb[nf][j][0], kb[nf][j][1]);
+      mma_16816<__half>(s[nf], qf[j], kb[nf][j][0], kb[nf][j][1]);
     }
   }
 }
 
-// O += P' V for tokens 16 kt .. 16 kt + 15 of the tile over this warp's 128 dims (dims permuted,
-// see above); pa: the P' A fragment (fp16) of those tokens.
-template <int kFmt>
-__device__ __forceinline__ void kv8_pv_step(float (&o)[16][4], const uint32_t (&pa)[4],
-                                            const uint8_t* lat, int kt, int d, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  // Tokens 2t and 2t + 1 (and + 8, same swizzle) of the step: chunk 8 d + g = dims 16 g ..
-  const uint8_t* pe = lat + (16 * kt + 2 * t) * kLatentDim + (((8 * d + g) ^ (2 * t)) << 4);
-  const uint8_t* po = lat + (16 * kt + 2 * t + 1) * kLatentDim + (((8 * d + g) ^ (2 * t + 1)) << 4);
-  const uint4 xa = *reinterpret_cast<const uint4*>(pe);
-  const uint4 xb = *reinterpret_cast<const uint4*>(po);
-  const uint4 xc = *reinterpret_cast<const uint4*>(pe + 8 * kLatentDim);
-  const uint4 xd = *reinterpret_cast<const uint4*>(po + 8 * kLatentDim);
-  const uint32_t a[4] = {xa.x, xa.y, xa.z, xa.w}, b[4] = {xb.x, xb.y, xb.z, xb.w};
-  const uint32_t c[4] = {xc.x, xc.y, xc.z, xc.w}, e[4] = {xd.x, xd.y, xd.z, xd.w};
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
+// O += P' V for tokens 16 kt .. + 15 from the QK B registers: the B fragment of an 8x8 block
+// in QK (thread (g, t): token g, two dims) transposed is the P.V B fragment (tokens 2t, 2t+1,
+// one dim). Output fragment f = 2 j + h, column g = dim 32 (g / 2) + 4 j + 2 h + (g % 2) of
+// the warp's 128: a thread's o[f][e (+2)] is dim 32 t + 2 f + e of its row.
+template <int kNFrags>
+__device__ __forceinline__ void kv8_pv_from_k(float (&o)[16][4], const uint32_t (&pa)[4],
+                                              const uint32_t (&kb)[kNFrags][8][2], int kt) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {  // dims 16 g + 4 i .. + 3 = fragments 4 i .. 4 i + 3
-    // Token pairs per dim: bytes (tok 2t, tok 2t+1) of dims 4i, 4i+1 | 4i+2, 4i+3.
-    uint32_t lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3;  // lo: tokens 2t, 2t+1; hi: + 8
-    kv8x4_to_f16<kFmt>(__byte_perm(a[i], b[i], 0x5140), lo0, lo1);
-    kv8x4_to_f16<kFmt>(__byte_perm(a[i], b[i], 0x7362), lo2, lo3);
-    kv8x4_to_f16<kFmt>(__byte_perm(c[i], e[i], 0x5140), hi0, hi1);
-    kv8x4_to_f16<kFmt>(__byte_perm(c[i], e[i], 0x7362), hi2, hi3);
-    mma_16816<__half>(o[4 * i + 0], pa, lo0, hi0);
-    mma_16816<__half>(o[4 * i + 1], pa, lo1, hi1);
-    mma_16816<__half>(o[4 * i + 2], pa, lo2, hi2);
-    mma_16816<__half>(o[4 * i + 3], pa, lo3, hi3);
-  }
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      mma_16816<__half>(o[2 * j + h], pa, movmatrix_trans(kb[2 * kt][j][h]),
+                        movmatrix_trans(kb[2 * kt + 1][j][h]));
 }
 
 }  // namespace kf::cuda

@@ -33,8 +33,8 @@
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
-// QK and PV read the 8-bit bytes into registers and convert them while building the fp16 mma
-// fragments (kv8_dequant.cuh, exact codes); the scale multiplies the latent part of each score,
+// QK reads the 8-bit bytes into registers and converts them while building the fp16 mma
+// fragments (kv8_dequant.cuh, exact codes), and P V reuses those registers transposed; the scale multiplies the latent part of each score,
 // and P' = p * scale_t / S_tile (fp16, S_tile a power of two) carries it into PV with O in units
 // of S_tile; the running max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared
 // memory, 184-193 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at
@@ -361,6 +361,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 
       // ---- 3. O = alpha * O + P V over this warp's 128 output dims, for the ring tile at byte
       // offset `tile_off` (a lambda: kDeferPv's row group 1 runs it for the previous tile) ----
+      // 8-bit: the tile's latent codes converted once, in QK, kept for P.V (kv8_pv_from_k).
+      [[maybe_unused]] uint32_t kb[kKv8 ? kNFrags : 1][8][2];
       auto pv = [&](const int tile_off) {
         // Once the running max settles alpha is exactly 1: skipping the multiply is then
         // bit-identical and saves 64 kMFrags instructions per tile.
@@ -394,7 +396,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             ldmatrix_x4(pa[mf], p_smem + r * kBlockN * 2 + (chunk << 4));
           }
           if constexpr (kKv8) {
-            kv8_pv_step<kFmt>(o_acc[0], pa[0], smem + Tr::kKvOff + tile_off, kt, d, lane);
+            kv8_pv_from_k<kNFrags>(o_acc[0], pa[0], kb, kt);
           } else {
             // ldmatrix.x4.trans rows: tokens (lane & 7) + 8 * ((lane >> 3) & 1), chunk + lane/16;
             // pair j holds dims 16 (4 j + d) .. + 15, chunks 8 j + 2 d (+1).
@@ -457,7 +459,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           }
           if constexpr (kKv8) {
             // Latent dims 128 d .. + 127 from the 8-bit codes, then s = scale_t 2^-e_row s.
-            kv8_qk_latent<kFmt, kNFrags>(s_acc[0][0], qf[0], tile8, d, lane);
+            kv8_qk_latent_keep<kFmt, kNFrags>(s_acc[0][0], qf[0], tile8, d, lane, kb);
 #pragma unroll
             for (int nf = 0; nf < kNFrags; ++nf) {
               const float2 sc2 =
@@ -673,13 +675,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
               const int s_q = row / p.h_q, h_q = row % p.h_q;
 #pragma unroll
               for (int b = 0; b < 2; ++b) {
-                // a[j]: dims 16 b + 4 j .. + 3 of this thread's run (fragments 4 j .. 4 j + 3).
+                // a[j]: dims 16 b + 4 j .. + 3 of this thread's run: dim 2 f + e is o[f][e + 2 hf].
                 float4 a[4];
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                  a[j] = make_float4(o_acc[0][4 * j][2 * hf + b] * inv, o_acc[0][4 * j + 1][2 * hf + b] * inv,
-                                     o_acc[0][4 * j + 2][2 * hf + b] * inv,
-                                     o_acc[0][4 * j + 3][2 * hf + b] * inv);
+                for (int j = 0; j < 4; ++j) {
+                  const int f = 8 * b + 2 * j;
+                  a[j] = make_float4(o_acc[0][f][2 * hf] * inv, o_acc[0][f][2 * hf + 1] * inv,
+                                     o_acc[0][f + 1][2 * hf] * inv, o_acc[0][f + 1][2 * hf + 1] * inv);
+                }
                 quad_transpose(a, t);  // a[s]: dims 16 b + 4 t .. of thread s's run
                 if (row >= p.num_rows) continue;
 #pragma unroll
