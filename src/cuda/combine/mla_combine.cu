@@ -12,7 +12,7 @@
 //    w, w + 4, ...), then add their sums in warp order through shared memory. kGroup 16: 64
 //    pieces are one round trip instead of four.
 // On sm_90 it is launched as a programmatic dependent of the decode kernel and waits for it
-// (griddepcontrol) before reading anything.
+// (pdl.cuh) before reading anything; past that wait it lets the next call's decode launch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,6 +24,7 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/timeline.cuh"
 
 namespace kf::cuda {
@@ -44,9 +45,8 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
 template <typename T, int kGroup, bool kWarpsOverPieces>
 __global__ void __launch_bounds__(kThreads)
     mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  pdl_wait();
+  pdl_launch_dependents();
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
 #endif
@@ -158,43 +158,24 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream, bool pdl) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.batch, p.num_rows);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
+  const dim3 grid(p.batch, p.num_rows);
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
   // warps of a block split the pieces (grid z: the 4 quarters of the row); otherwise the dims.
   // Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264 workers, decode + combine): b = 1
   // 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16 workers per request) 36.2 -> 37.4 us.
   const bool many_pieces = p.num_workers >= 32 * p.batch;
-  if (many_pieces) {
-    cfg.gridDim.z = kThreads / 32;
-    return cudaLaunchKernelEx(&cfg, mla_combine_kernel<T, 16, true>, p);
-  }
-  return cudaLaunchKernelEx(&cfg, mla_combine_kernel<T, 8, false>, p);
-}
-
-// Programmatic dependent launch exists from sm_90 on.
-bool device_has_pdl() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
-  return major >= 9;
+  if (many_pieces)
+    return launch_pdl(mla_combine_kernel<T, 16, true>, dim3(grid.x, grid.y, kThreads / 32),
+                      dim3(kThreads), 0, stream, p);
+  return launch_pdl(mla_combine_kernel<T, 8, false>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 cudaError_t launch_mla_combine(const MlaDecodeParams& p, cudaStream_t stream) {
-  const bool pdl = device_has_pdl();
-  const cudaError_t err = p.dtype == DType::kBF16 ? launch<__nv_bfloat16>(p, stream, pdl)
-                                                  : launch<__half>(p, stream, pdl);
+  const cudaError_t err = p.dtype == DType::kBF16 ? launch<__nv_bfloat16>(p, stream)
+                                                  : launch<__half>(p, stream);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 

@@ -53,6 +53,7 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/kv8_dequant.cuh"
 #include "cuda/decode/sm80/kv_tile_loader.cuh"
@@ -175,12 +176,12 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const int g = warp / Tr::kDimGroups, d = warp % Tr::kDimGroups;
   const int w = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
+  // Launched as a programmatic dependent (pdl.cuh): wait for the previous kernel in the stream
+  // (it may have written q, the cache, the block table or the metadata) before any read; then
+  // let the combine grid launch: it waits in turn for this grid's completion before reading.
+  pdl_wait();
+  pdl_launch_dependents();
   KF_TIMELINE_MARK(p, kTlEntry);
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Let the combine grid launch now: it waits for this grid's completion before reading.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
   if (tid == 0) {
     // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
     // then finds it in L1 when it collects the pieces.
@@ -768,8 +769,8 @@ cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_workers, ceil_div(p.num_rows, Tr::kBlockM));
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  err = launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // Blocks of this configuration that fit on one SM of `device` (2 on sm_90 for the 16- and
