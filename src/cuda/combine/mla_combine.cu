@@ -11,8 +11,7 @@
 //    rows, 4), the block's 4 warps share 128 values and take the rounds in turn (warp w: rounds
 //    w, w + 4, ...), then add their sums in warp order through shared memory. kGroup 16: 64
 //    pieces are one round trip instead of four.
-// On sm_90 it is launched as a programmatic dependent of the decode kernel and waits for it
-// (pdl.cuh) before reading anything; past that wait it lets the next call's decode launch.
+// It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -32,8 +31,7 @@ namespace {
 
 constexpr int kThreads = kLatentDim / 4;  // one float4 of the row per thread
 
-// A 16-byte load through the read-only path (the partials are complete: griddepcontrol.wait on
-// sm_90, stream order before).
+// A 16-byte load through the read-only path (the partials are complete: stream order).
 __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
   float4 o;
   asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n"
@@ -45,8 +43,6 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
 template <typename T, int kGroup, bool kWarpsOverPieces>
 __global__ void __launch_bounds__(kThreads)
     mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
 #endif
@@ -152,6 +148,7 @@ __global__ void __launch_bounds__(kThreads)
   reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(acc.x, acc.y);
   reinterpret_cast<uint32_t*>(out)[1] = pack2<T>(acc.z, acc.w);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
+  pdl_launch_dependents();
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && tid == 0) atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
 #endif
@@ -164,11 +161,13 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
   // warps of a block split the pieces (grid z: the 4 quarters of the row); otherwise the dims.
   // Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264 workers, decode + combine): b = 1
   // 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16 workers per request) 36.2 -> 37.4 us.
+  // A plain launch: as a programmatic dependent of the decode it was slower (pdl.cuh).
   const bool many_pieces = p.num_workers >= 32 * p.batch;
   if (many_pieces)
-    return launch_pdl(mla_combine_kernel<T, 16, true>, dim3(grid.x, grid.y, kThreads / 32),
-                      dim3(kThreads), 0, stream, p);
-  return launch_pdl(mla_combine_kernel<T, 8, false>, grid, dim3(kThreads), 0, stream, p);
+    mla_combine_kernel<T, 16, true><<<dim3(grid.x, grid.y, kThreads / 32), kThreads, 0, stream>>>(p);
+  else
+    mla_combine_kernel<T, 8, false><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 // Programmatic dependent launch (sm_90+): a kernel launched with the attribute may start while
 // the kernel before it in the stream finishes; griddepcontrol.wait then holds it until that
-// kernel has completed and its writes are visible, so stream order is kept. The decode and
-// combine kernels wait before their first global read, and let their dependent launch once
-// their own dependency is met: what overlaps is the launch latency between consecutive calls
-// (and the combine's launch with the decode's tail), never a read of unfinished data.
+// kernel has completed and its writes are visible, so stream order is kept. The decode kernel is
+// launched this way and waits before its first global read, so what overlaps is its launch
+// (block dispatch, nothing that reads) with the previous kernel's tail; the decode and combine
+// kernels let their dependents launch only as their blocks finish.
+// Measured on the H200 (bf16, h_q 16, s_k 4096, many calls per graph, median of 60 replays),
+// the decode as a dependent of the previous call's combine: b = 1 10.6 -> 10.3 us, b = 2..128
+// within 0.1-0.4 us. Not used, because slower: the combine as a dependent of the decode (b = 1
+// +0.4 us, b = 16 +1.4 us), and a dependent allowed to launch from the primary's first
+// instruction (its waiting blocks slowed the primary: b = 1 +1.1 us).
 // A kernel launched without the attribute, or before sm_90, behaves as in plain stream order.
 #pragma once
 

@@ -177,10 +177,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const int w = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
   // Launched as a programmatic dependent (pdl.cuh): wait for the previous kernel in the stream
-  // (it may have written q, the cache, the block table or the metadata) before any read; then
-  // let the combine grid launch: it waits in turn for this grid's completion before reading.
+  // (it may have written q, the cache, the block table or the metadata) before any read.
   pdl_wait();
-  pdl_launch_dependents();
   KF_TIMELINE_MARK(p, kTlEntry);
   if (tid == 0) {
     // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
@@ -749,6 +747,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     __syncthreads();  // everyone is done with this round's piece list
   }
   KF_TIMELINE_MARK(p, kTlExit);
+  pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 #ifdef KF_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0) {
     uint32_t sm;
