@@ -766,6 +766,11 @@ static void timings() {
     row(128, 64, 4096);
     return;
   }
+  if (getenv("KF_ONLY_H16")) {  // quick h_q = 16 comparisons (code-placement experiments)
+    for (int b : {64, 128}) row(16, b, 4096);
+    for (int b : {64, 128}) row(16, b, 16384);
+    return;
+  }
   if (getenv("KF_ONLY_H128")) {  // quick h_q = 128 comparisons
     for (int b : {8, 64}) row(128, b, 4096);
     return;

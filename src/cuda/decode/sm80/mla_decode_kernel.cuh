@@ -179,6 +179,14 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   // Launched as a programmatic dependent (pdl.cuh): wait for the previous kernel in the stream
   // (it may have written q, the cache, the block table or the metadata) before any read.
   pdl_wait();
+#ifdef KF_PLACEMENT_PAD
+  // Research builds only (-DKF_PLACEMENT_PAD=K): K one-time instructions here shift all the code
+  // after them by K instructions. The FP8 tile loop's speed depends on where it lands (+8-11%
+  // at two of seven placements, research/perf/NOTES.md), so an A/B of a change that moves code
+  // ahead of the loop is checked at a few K before it is believed.
+#pragma unroll
+  for (int i = 0; i < KF_PLACEMENT_PAD; ++i) asm volatile("nanosleep.u32 0;\n");
+#endif
   KF_TIMELINE_MARK(p, kTlEntry);
   if (tid == 0) {
     // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
