@@ -27,19 +27,23 @@
 // traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 206 / 254 / 253, no spills.
 // One row group with >= 2 tiles ahead (M32, 8-bit M16) waits for the next tile before the P
 // barrier and skips the tile barrier: two barriers per tile instead of three.
+// On sm_90 the kernel is launched as a programmatic dependent (pdl.cuh): it waits for the
+// previous kernel at its first instruction.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
-// h_q=16: 11.0 us at b=1, 3.69-3.77 TB/s (83%) at b=64, 3.9-4.0 TB/s (86-88%) at b=128;
-// h_q=128: 206-216 TFLOPS at b=64..128 (33-34% of mma.sync's 628).
+// h_q=16: 10.3 us at b=1, 3.7 TB/s (81-82%) at b=64, 3.9-4.0 TB/s (86-88%) at b=128;
+// h_q=128: 206-216 TFLOPS at b=64..128 (33-34% of mma.sync's 631).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
 // QK reads the 8-bit bytes into registers and converts them while building the fp16 mma
-// fragments (kv8_dequant.cuh, exact codes), and P V reuses those registers transposed; the scale multiplies the latent part of each score,
-// and P' = p * scale_t / S_tile (fp16, S_tile a power of two) carries it into PV with O in units
-// of S_tile; the running max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared
-// memory, 184-193 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at
-// s_k 4096, 1.39-1.40x for s_k 16K-64K (74-76% of the read peak); INT8 1.11x / 1.11-1.23x. The
-// tile loop is still latency-bound (research/perf/NOTES.md).
+// fragments (kv8_dequant.cuh, exact codes), and P V reuses those registers transposed
+// (movmatrix); the scale multiplies the latent part of each score, and P' = p * scale_t /
+// S_tile (fp16, S_tile a power of two) carries it into PV with O in units of S_tile; the running
+// max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared memory, 214-241 registers,
+// no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at s_k 4096, 1.41-1.43x for
+// s_k 16K-64K (74-77% of the read peak); INT8 1.18x / 1.27-1.32x. The tile loop is
+// dependency-bound at two warps per scheduler, and its speed moves 8-11% with where it lands in
+// the binary (research/perf/NOTES.md, fifth session).
 #pragma once
 
 #include <cuda_runtime.h>
