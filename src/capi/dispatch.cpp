@@ -35,8 +35,8 @@ namespace {
 kf_status cuda_fail(cudaError_t e, const char* what) {
   cudaGetLastError();  // a sticky launch error would otherwise fail the next call too
   // A launcher without a kernel for this configuration says so with cudaErrorNotSupported.
-  return fail(e == cudaErrorNotSupported ? KF_ERROR_UNSUPPORTED : KF_ERROR_CUDA, "%s: CUDA error %s: %s", what, cudaGetErrorName(e),
-              cudaGetErrorString(e));
+  return fail(e == cudaErrorNotSupported ? KF_ERROR_UNSUPPORTED : KF_ERROR_CUDA,
+              "%s: CUDA error %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 // Makes the tensors' device current for a launch and restores the caller's afterwards.
@@ -91,46 +91,6 @@ kf_status check_backend(const Device& dev) {
   return KF_SUCCESS;
 }
 
-kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stream) {
-  if (!dev.cuda) {
-    cpu::mla_metadata(p);
-    return KF_SUCCESS;
-  }
-  return launch_on(dev, "mla_metadata", [&] {
-    return kf::cuda::launch_mla_metadata(p, static_cast<cudaStream_t>(stream));
-  });
-}
-
-kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream) {
-  if (!dev.cuda) {
-    cpu::mla_decode(p);
-    return KF_SUCCESS;
-  }
-  return launch_on(dev, "mla_decode", [&] {
-    return kf::cuda::launch_mla_decode(p, static_cast<cudaStream_t>(stream));
-  });
-}
-
-kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream) {
-  if (!dev.cuda) {
-    cpu::cache_append(p);
-    return KF_SUCCESS;
-  }
-  return launch_on(dev, "cache_append", [&] {
-    return kf::cuda::launch_cache_append(p, static_cast<cudaStream_t>(stream));
-  });
-}
-
-kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream) {
-  if (!dev.cuda) {
-    cpu::cache_convert(p);
-    return KF_SUCCESS;
-  }
-  return launch_on(dev, "cache_convert", [&] {
-    return kf::cuda::launch_cache_convert(p, static_cast<cudaStream_t>(stream));
-  });
-}
-
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -167,30 +127,6 @@ kf_status check_backend(const Device& dev) {
               dev.id);
 }
 
-kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void*) {
-  KF_CHECK(check_backend(dev));
-  cpu::mla_metadata(p);
-  return KF_SUCCESS;
-}
-
-kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void*) {
-  KF_CHECK(check_backend(dev));
-  cpu::mla_decode(p);
-  return KF_SUCCESS;
-}
-
-kf_status run_append(const Device& dev, const CacheAppendParams& p, void*) {
-  KF_CHECK(check_backend(dev));
-  cpu::cache_append(p);
-  return KF_SUCCESS;
-}
-
-kf_status run_convert(const Device& dev, const CacheConvertParams& p, void*) {
-  KF_CHECK(check_backend(dev));
-  cpu::cache_convert(p);
-  return KF_SUCCESS;
-}
-
 int cuda_device_count() { return 0; }
 
 kf_status cuda_default_num_workers(int device_id, int, int*) {
@@ -200,5 +136,51 @@ kf_status cuda_default_num_workers(int device_id, int, int*) {
 std::string cuda_runtime_description() { return "no CUDA runtime"; }
 
 #endif
+
+namespace {
+
+// One operation on the tensors' device: the CPU backend, or the CUDA launcher `cuda_launch`
+// (made by KF_CUDA_LAUNCHER; in a build without CUDA, a CUDA device fails check_backend).
+template <typename P, typename CudaLaunch>
+kf_status run_op(const Device& dev, const char* what, void (*cpu_fn)(const P&), const P& p,
+                 [[maybe_unused]] CudaLaunch&& cuda_launch) {
+  if (!dev.cuda) {
+    cpu_fn(p);
+    return KF_SUCCESS;
+  }
+#if KF_WITH_CUDA
+  return launch_on(dev, what, cuda_launch);
+#else
+  (void)what;
+  return check_backend(dev);
+#endif
+}
+
+}  // namespace
+
+#if KF_WITH_CUDA
+#define KF_CUDA_LAUNCHER(fn) [&] { return kf::cuda::fn(p, static_cast<cudaStream_t>(stream)); }
+#else
+#define KF_CUDA_LAUNCHER(fn) [] { return 0; }
+#endif
+
+kf_status run_metadata(const Device& dev, const MlaMetadataParams& p,
+                       [[maybe_unused]] void* stream) {
+  return run_op(dev, "mla_metadata", cpu::mla_metadata, p, KF_CUDA_LAUNCHER(launch_mla_metadata));
+}
+kf_status run_decode(const Device& dev, const MlaDecodeParams& p,
+                     [[maybe_unused]] void* stream) {
+  return run_op(dev, "mla_decode", cpu::mla_decode, p, KF_CUDA_LAUNCHER(launch_mla_decode));
+}
+kf_status run_append(const Device& dev, const CacheAppendParams& p,
+                     [[maybe_unused]] void* stream) {
+  return run_op(dev, "cache_append", cpu::cache_append, p, KF_CUDA_LAUNCHER(launch_cache_append));
+}
+kf_status run_convert(const Device& dev, const CacheConvertParams& p,
+                      [[maybe_unused]] void* stream) {
+  return run_op(dev, "cache_convert", cpu::cache_convert, p,
+                KF_CUDA_LAUNCHER(launch_cache_convert));
+}
+#undef KF_CUDA_LAUNCHER
 
 }  // namespace kf::capi
