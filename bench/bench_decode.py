@@ -317,6 +317,26 @@ class FlashMLARunner:
 
 # ---- reporting -------------------------------------------------------------------------------------
 
+def shapes(args, dtype, rotate_bytes, label: str):
+    """The grid's problems in the benchmark's order (s_k, then h_q, then b), as (h_q, b, s_k,
+    Problem); a shape whose caches do not fit the GPU is logged and skipped, and each problem's
+    memory is given back after its turn."""
+    for s_k in args.s_k:
+        for h_q in args.h_q:
+            for b in args.batch:
+                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {label}]")
+                try:
+                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
+                                args.seed)
+                except torch.cuda.OutOfMemoryError as e:
+                    log(f"  skipped: {short_err(e)}")
+                    continue
+                yield h_q, b, s_k, p
+                p.free()
+                del p
+                torch.cuda.empty_cache()
+
+
 # ---- 8-bit formats side by side -------------------------------------------------------------
 
 def run_formats(args, pk, dtype, rotate_bytes) -> int:
@@ -326,75 +346,63 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
 
     log(f"kernelflow: {kf.__file__}; formats {' '.join(args.formats)}")
     rows, fails = [], 0
-    for s_k in args.s_k:
-        for h_q in args.h_q:
-            for b in args.batch:
-                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} q {args.dtype}]")
-                try:
-                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
-                                args.seed)
-                except torch.cuda.OutOfMemoryError as e:
-                    log(f"  skipped: {short_err(e)}")
-                    continue
-                runner = KernelFlowRunner(kf)
-                runner.prepare(p)
-                ref = None
-                res = {}
-                for fmt in args.formats:
-                    row = {"kernel": "kernelflow", "format": fmt, "h_q": h_q, "b": b, "s_k": s_k}
-                    try:
-                        q8 = fmt != "bf16"
-                        kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
-                        code = fmt if q8 else None
-                        # The schedule made for this format (the metadata call is not timed).
-                        md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
-                                                 num_workers=runner.num_workers, kv_format=fmt)
+    for h_q, b, s_k, p in shapes(args, dtype, rotate_bytes, f"q {args.dtype}"):
+        runner = KernelFlowRunner(kf)
+        runner.prepare(p)
+        ref = None
+        res = {}
+        for fmt in args.formats:
+            row = {"kernel": "kernelflow", "format": fmt, "h_q": h_q, "b": b, "s_k": s_k}
+            try:
+                q8 = fmt != "bf16"
+                kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
+                code = fmt if q8 else None
+                # The schedule made for this format (the metadata call is not timed).
+                md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
+                                         num_workers=runner.num_workers, kv_format=fmt)
 
-                        def call(i, kv=kv, code=code, md=md):
-                            kw = {"out": runner.out, "lse": runner.lse}
-                            if runner.ws is not None:
-                                kw["workspace"] = runner.ws
-                            return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens,
-                                                 md, SCALE, kv_format=code, **kw)
+                def call(i, kv=kv, code=code, md=md):
+                    kw = {"out": runner.out, "lse": runner.lse}
+                    if runner.ws is not None:
+                        kw["workspace"] = runner.ws
+                    return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens,
+                                         md, SCALE, kv_format=code, **kw)
 
-                        runner.out.fill_(float("nan"))
-                        call(0)
-                        torch.cuda.synchronize()
-                        if q8:
-                            if ref is None:
-                                ref = p.ref()
-                            x = runner.out.double().reshape(-1)
-                            y = ref[0].double().reshape(-1)
-                            cos = float(1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum()))
-                            ok = cos < FORMAT_COS_BOUND[fmt]
-                            row["check"] = {"ok": ok, "whole_output_cos_dist": cos}
-                            log(f"  check {fmt:9s}: {'PASS' if ok else 'FAIL'} whole-output cos "
-                                f"dist {cos:.2e} (bound {FORMAT_COS_BOUND[fmt]:.0e})")
-                        else:
-                            row["check"] = torch_mla.check(runner.out, runner.lse, *p.ref())
-                            ref = p.ref()
-                            log(f"  check {fmt:9s}: {torch_mla.fmt_check(row['check'])}")
-                        fails += not row["check"]["ok"]
-                        t = time_unit(lambda: [call(i) for i in range(p.copies)], p.copies,
-                                      args.replays)
-                        nbytes = p.bytes - p.cache_bytes + b * s_k * FORMAT_BYTES[fmt]
-                        gbps = nbytes / (t["us"] * 1e-6) / 1e9
-                        row.update({"us": t["us"], "GBps": gbps,
-                                    "frac_read_peak": gbps / pk["read_GBps"]})
-                        res[fmt] = row
-                        del kv
-                    except Exception as e:  # noqa: BLE001
-                        row["error"] = short_err(e)
-                        log(f"  {fmt:9s}: FAILED {short_err(e)}")
-                    rows.append(row)
-                for fmt, row in res.items():
-                    sp = (f"  {res['bf16']['us'] / row['us']:.2f}x vs bf16"
-                          if "bf16" in res and fmt != "bf16" else "")
-                    log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
-                        f"({100 * row['frac_read_peak']:5.1f}% read){sp}")
-                p.free()
-                del p
-                torch.cuda.empty_cache()
+                runner.out.fill_(float("nan"))
+                call(0)
+                torch.cuda.synchronize()
+                if q8:
+                    if ref is None:
+                        ref = p.ref()
+                    x = runner.out.double().reshape(-1)
+                    y = ref[0].double().reshape(-1)
+                    cos = float(1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum()))
+                    ok = cos < FORMAT_COS_BOUND[fmt]
+                    row["check"] = {"ok": ok, "whole_output_cos_dist": cos}
+                    log(f"  check {fmt:9s}: {'PASS' if ok else 'FAIL'} whole-output cos "
+                        f"dist {cos:.2e} (bound {FORMAT_COS_BOUND[fmt]:.0e})")
+                else:
+                    row["check"] = torch_mla.check(runner.out, runner.lse, *p.ref())
+                    ref = p.ref()
+                    log(f"  check {fmt:9s}: {torch_mla.fmt_check(row['check'])}")
+                fails += not row["check"]["ok"]
+                t = time_unit(lambda: [call(i) for i in range(p.copies)], p.copies,
+                              args.replays)
+                nbytes = p.bytes - p.cache_bytes + b * s_k * FORMAT_BYTES[fmt]
+                gbps = nbytes / (t["us"] * 1e-6) / 1e9
+                row.update({"us": t["us"], "GBps": gbps,
+                            "frac_read_peak": gbps / pk["read_GBps"]})
+                res[fmt] = row
+                del kv
+            except Exception as e:  # noqa: BLE001
+                row["error"] = short_err(e)
+                log(f"  {fmt:9s}: FAILED {short_err(e)}")
+            rows.append(row)
+        for fmt, row in res.items():
+            sp = (f"  {res['bf16']['us'] / row['us']:.2f}x vs bf16"
+                  if "bf16" in res and fmt != "bf16" else "")
+            log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
+                f"({100 * row['frac_read_peak']:5.1f}% read){sp}")
     log(f"\n## MLA decode by cache format, {torch.cuda.get_device_name(0)}, q {args.dtype}, "
         f"page {args.page}, s_q 1, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
     log("| h_q | b | s_k | " + " | ".join(f"{f} us | {f} %read" + (f" | {f}/bf16" if f != "bf16" else "")
@@ -519,74 +527,62 @@ def main() -> int:
 
     rows = []
     table = []
-    for s_k in args.s_k:
-        for h_q in args.h_q:
-            for b in args.batch:
-                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {args.dtype}]")
-                try:
-                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
-                                args.seed)
-                except torch.cuda.OutOfMemoryError as e:
-                    log(f"  skipped: {short_err(e)}")
-                    continue
-                log(f"  {p.copies} cache copies x {p.cache_bytes / 1e6:.1f} MB, "
-                    f"{p.copies} calls per graph replay, {args.replays} replays")
-                res = {}
-                for r in runners:
-                    row = {"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k, "page": args.page,
-                           "dtype": args.dtype, "copies": p.copies}
+    for h_q, b, s_k, p in shapes(args, dtype, rotate_bytes, args.dtype):
+        log(f"  {p.copies} cache copies x {p.cache_bytes / 1e6:.1f} MB, "
+            f"{p.copies} calls per graph replay, {args.replays} replays")
+        res = {}
+        for r in runners:
+            row = {"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k, "page": args.page,
+                   "dtype": args.dtype, "copies": p.copies}
+            try:
+                r.prepare(p)
+                chk = r.check(p)
+                row["check"] = chk
+                log(f"  check {r.name:10s}: {torch_mla.fmt_check(chk)}")
+                t = time_unit(r.unit(p), p.copies, args.replays)
+                row.update(perf(p, t["us"], pk))
+                row["us_min"], row["timing"] = t["us_min"], t["timing"]
+                if hasattr(r, "info"):
+                    row.update(r.info())
+                if isinstance(r, KernelFlowRunner):
                     try:
-                        r.prepare(p)
-                        chk = r.check(p)
-                        row["check"] = chk
-                        log(f"  check {r.name:10s}: {torch_mla.fmt_check(chk)}")
-                        t = time_unit(r.unit(p), p.copies, args.replays)
-                        row.update(perf(p, t["us"], pk))
-                        row["us_min"], row["timing"] = t["us_min"], t["timing"]
-                        if hasattr(r, "info"):
-                            row.update(r.info())
-                        if isinstance(r, KernelFlowRunner):
-                            try:
-                                mu, n = r.metadata_unit(p)
-                                row["metadata_us"] = time_unit(mu, n, args.replays)["us"]
-                            except Exception as e:  # noqa: BLE001
-                                row["metadata_error"] = short_err(e)
-                        extra = f"  [{row['config']}]" if "config" in row else ""
-                        if "metadata_us" in row:
-                            extra += f"  metadata {row['metadata_us']:.1f} us"
-                        log(f"  {r.name:16s}: {fmt_perf(row)}{extra}")
-                        res[r.name] = row
+                        mu, n = r.metadata_unit(p)
+                        row["metadata_us"] = time_unit(mu, n, args.replays)["us"]
                     except Exception as e:  # noqa: BLE001
-                        row["error"] = short_err(e)
-                        log(f"  {r.name:16s}: FAILED {short_err(e)}")
-                        if os.environ.get("KF_BENCH_TRACE"):
-                            traceback.print_exc()
-                        errors.append({"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k,
-                                       "error": short_err(e)})
-                    rows.append(row)
-                    torch.cuda.synchronize()
-                fm = spec_fm.get((h_q, b, s_k))
-                if not flashmla_measured and fm is not None:
-                    frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k,
-                            "page": 64, "dtype": "bf16",
-                            "note": "FlashMLA (SPEC, not this run)", **perf(p, fm["us_graph"], pk)}
-                    res["flashmla_spec"] = frow
-                    rows.append(frow)
-                    log(f"  {'FlashMLA (SPEC, not this run)':16s}: {fmt_perf(frow)}")
-                ratios = {}
-                for main_k in ("kernelflow", "triton"):
-                    for other in ("triton", "torch", "flashmla", "flashmla_spec"):
-                        if main_k in res and other in res and other != main_k:
-                            ratios[f"{main_k}_speedup_vs_{other}"] = (res[other]["us"] /
-                                                                      res[main_k]["us"])
-                if ratios:
-                    log("  speedups (other's time / this one's): " +
-                        ", ".join(f"{k.replace('_speedup_vs_', ' vs ')} {v:.2f}x"
-                                  for k, v in ratios.items()))
-                table.append({"h_q": h_q, "b": b, "s_k": s_k, "res": res, "ratios": ratios})
-                p.free()
-                del p
-                torch.cuda.empty_cache()
+                        row["metadata_error"] = short_err(e)
+                extra = f"  [{row['config']}]" if "config" in row else ""
+                if "metadata_us" in row:
+                    extra += f"  metadata {row['metadata_us']:.1f} us"
+                log(f"  {r.name:16s}: {fmt_perf(row)}{extra}")
+                res[r.name] = row
+            except Exception as e:  # noqa: BLE001
+                row["error"] = short_err(e)
+                log(f"  {r.name:16s}: FAILED {short_err(e)}")
+                if os.environ.get("KF_BENCH_TRACE"):
+                    traceback.print_exc()
+                errors.append({"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k,
+                               "error": short_err(e)})
+            rows.append(row)
+            torch.cuda.synchronize()
+        fm = spec_fm.get((h_q, b, s_k))
+        if not flashmla_measured and fm is not None:
+            frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k,
+                    "page": 64, "dtype": "bf16",
+                    "note": "FlashMLA (SPEC, not this run)", **perf(p, fm["us_graph"], pk)}
+            res["flashmla_spec"] = frow
+            rows.append(frow)
+            log(f"  {'FlashMLA (SPEC, not this run)':16s}: {fmt_perf(frow)}")
+        ratios = {}
+        for main_k in ("kernelflow", "triton"):
+            for other in ("triton", "torch", "flashmla", "flashmla_spec"):
+                if main_k in res and other in res and other != main_k:
+                    ratios[f"{main_k}_speedup_vs_{other}"] = (res[other]["us"] /
+                                                              res[main_k]["us"])
+        if ratios:
+            log("  speedups (other's time / this one's): " +
+                ", ".join(f"{k.replace('_speedup_vs_', ' vs ')} {v:.2f}x"
+                          for k, v in ratios.items()))
+        table.append({"h_q": h_q, "b": b, "s_k": s_k, "res": res, "ratios": ratios})
 
     # ---- compact markdown table, last ----
     def cell(res, k, key="us", fmtx="{:.1f}"):

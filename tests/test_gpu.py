@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
+from graph_util import capture_graph
 from mla_ref import (HEAD, LATENT, check_decode, cosine_distance, make_case,
                      visible_len)
 
@@ -156,14 +157,7 @@ def test_cuda_graph_replay_equals_eager(rng):
         kf.mla_decode(q, pool, static_bt, static_sl, meta, softmax_scale=0.114721, out=out,
                       lse=lse, workspace=workspace)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(torch, step)
 
     for trial in range(4):
         lens = rng.integers(0, max_pages * page + 1, b).astype(np.int32)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
+from graph_util import capture_graph
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_torch]
 
@@ -317,14 +318,7 @@ def test_reported_inside_cuda_graph_replays(rng):
         kf.mla_decode(p["q"], p["cache"], p["block_table"], p["seqlens"], meta,
                       softmax_scale=0.114721, out=out, lse=lse, workspace=ws, error_buffer=err)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(torch, step)
     clean = torch.tensor(CLEAN, dtype=torch.int32, device="cuda")
     err.copy_(clean)
     graph.replay()
@@ -352,14 +346,8 @@ def test_append_eager_and_graph_bit_identical(rng):
     slots = torch.from_numpy(rng.permutation(256)[:40].astype(np.int64)).cuda()
     slots[::9] = -1
     kf.cache_append(kv, cache_e, slots)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        kf.cache_append(kv, cache_g.clone(), slots)  # warm-up off the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kf.cache_append(kv, cache_g, slots)
+    graph = capture_graph(torch, lambda: kf.cache_append(kv, cache_g, slots),
+                          warmup=lambda: kf.cache_append(kv, cache_g.clone(), slots))
     graph.replay()
     torch.cuda.synchronize()
     assert bits_equal(cache_e, cache_g)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
+from graph_util import capture_graph
 from mla_ref import (HEAD, LATENT, MAX_COS_DIST, MAX_LSE_ERR, cosine_distance, make_case,
                      numpy_dtype, visible_len)
 
@@ -261,14 +262,7 @@ def test_gpu_graph_replay_equals_eager_8bit(rng, fmt, dtype):
         kf.mla_decode(q, pool, static_bt, static_sl, meta, softmax_scale=0.114721, out=out,
                       lse=lse, workspace=workspace, kv_format=fmt)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(torch, step)
     for _ in range(3):
         lens = torch.from_numpy(rng.integers(1, max_pages * page, b).astype(np.int32)).cuda()
         perm = torch.randperm(num_pages, device="cuda")[: b * max_pages].int().reshape(b, max_pages)
