@@ -1,5 +1,7 @@
 # Instruction mix of the innermost SASS loops that contain HMMA (per iteration = per KV tile).
 # usage: python loopstat.py file.sass   (cuobjdump -sass output, one function or many)
+# Prints, per kernel, each innermost loop's instruction range, its head's slot (index mod 8
+# in a 128-byte line) and its opcode counts.
 import re, sys, collections
 funcs = re.split(r"\n\s*Function : ", open(sys.argv[1]).read())
 for fn in funcs[1:]:
@@ -26,4 +28,6 @@ for fn in funcs[1:]:
             c[op.split(".")[0]] += 1
         tot = e - s + 1
         top = ", ".join(f"{k} {v}" for k, v in c.most_common(18))
-        print(f"  loop {s}-{e}: {tot} instr: {top}")
+        # The head's index mod 8 (its slot in a 128-byte line): the FP8 loop ran 8-11% slower
+        # at two placements (research/perf/NOTES.md, fifth session), so an A/B reports it.
+        print(f"  loop {s}-{e} (head mod 8 = {s % 8}): {tot} instr: {top}")
