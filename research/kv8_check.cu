@@ -787,11 +787,13 @@ int main(int argc, char** argv) {
   bool do_time = true;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--no-time") do_time = false;
+  bool time_only = false;  // --time-only: the timings without the checks (placement sweeps)
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--profile") g_profile = true;
     if (std::string(argv[i]) == "--timeline") g_timeline = true;
+    if (std::string(argv[i]) == "--time-only") time_only = true;
   }
-  if (g_profile || g_timeline) {  // a few rows only (see timings())
+  if (g_profile || g_timeline || time_only) {  // a few rows only with the first two (timings())
     timings();
     return 0;
   }
