@@ -73,7 +73,6 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats -> one register of two 16-bit values (low half = a), round to nearest even.
 // Transpose a 4x4 of float4 across the 4 lanes of a quad (lanes 4 q .. 4 q + 3; t = lane & 3):
 // on entry lane t holds a[j] = element (t, j), on return a[i] = element (i, t). Two xor-shuffle
 // rounds; every lane of the warp must call it.
@@ -97,6 +96,7 @@ __device__ __forceinline__ void quad_transpose(float4 (&a)[4], int t) {
     }
 }
 
+// Two floats -> one register of two 16-bit values (low half = a), round to nearest even.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <>

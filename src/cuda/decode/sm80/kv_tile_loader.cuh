@@ -101,6 +101,16 @@ struct KvTileLoader {
     cp_async_commit();
   }
 
+  // One lane's chunks c0, c0 + kLanes, ... of 16-bit row j (src: the lane's first chunk in the
+  // cache; n = 16 copies, 0 zero-fills), into the swizzled tile row.
+  __device__ static void copy_row16(uint32_t tile, int j, int c0, const uint8_t* src, int n) {
+    const uint32_t dst = tile + j * kRowBytes + (((c0 & ~7) | ((c0 ^ j) & 7)) << 4);
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k)
+      if ((kRowBytes / 16) % kLanes == 0 || c0 + k * kLanes < kRowBytes / 16)
+        cp_async_16(dst + 16 * kLanes * k, src + 16 * kLanes * k, n);
+  }
+
   // 16-bit rows: in pass ps, lane group jl copies token j0 + ps kTokPerPass + jl of the tile
   // (the warp's first n_live tokens; the rest zero-filled), from the page row at `base`.
   __device__ static void issue16(const MlaDecodeParams& p, const uint8_t* base, uint32_t in0,
@@ -113,12 +123,7 @@ struct KvTileLoader {
       const int q = ps * kTokPerPass + jl;  // token of the warp's share
       const int j = j0 + q;                 // token of the tile
       const int n = q < n_live ? 16 : 0;
-      const uint32_t dst = tile + j * kRowBytes + (((c0 & ~7) | ((c0 ^ j) & 7)) << 4);
-      const uint8_t* s = src + ps * kTokPerPass * tsb;
-#pragma unroll
-      for (int k = 0; k < kChunks; ++k)
-        if ((kRowBytes / 16) % kLanes == 0 || c0 + k * kLanes < kRowBytes / 16)
-          cp_async_16(dst + 16 * kLanes * k, s + 16 * kLanes * k, n);
+      copy_row16(tile, j, c0, src + ps * kTokPerPass * tsb, n);
       if (c0 == 0) tok_ok_tile[j] = n != 0;
     }
   }
@@ -142,11 +147,7 @@ struct KvTileLoader {
       const uint8_t* src = kv + (ok ? int64_t(page) * p.kv_page_stride * kElemBytes +
                                           int64_t(t & (p.page_size - 1)) * tsb + c0 * 16
                                     : 0);
-      const uint32_t dst = tile + j * kRowBytes + (((c0 & ~7) | ((c0 ^ j) & 7)) << 4);
-#pragma unroll
-      for (int k = 0; k < kChunks; ++k)
-        if ((kRowBytes / 16) % kLanes == 0 || c0 + k * kLanes < kRowBytes / 16)
-          cp_async_16(dst + 16 * kLanes * k, src + 16 * kLanes * k, ok ? 16 : 0);
+      copy_row16(tile, j, c0, src, ok ? 16 : 0);
       if (c0 == 0) tok_ok_tile[j] = ok;
     }
   }
