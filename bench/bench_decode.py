@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """MLA decode benchmark: kernelflow against a Triton and a PyTorch baseline (and FlashMLA).
 
-For each (h_q, b, s_k), s_q = 1, bf16, page 64, every request at length s_k:
+For each (h_q, b, s_k), s_q = 1 (--s-q 2..4 with --formats: kernelflow alone, causal), bf16,
+page 64, every request at length s_k:
   - the cache is rotated: C copies (distinct, scattered pages of one pool, each with its own block
     table and q) so that C * cache bytes >= --rotate-mb (default 4x L2); one CUDA graph captures C
     calls, one per copy, and is replayed; time per call = median replay time (CUDA events) / C;
@@ -81,9 +82,14 @@ def parse_args():
     ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
     ap.add_argument("--formats", nargs="+", choices=list(FORMAT_BYTES), default=None,
                     help="kernelflow only: time these cache formats side by side (8-bit speedups)")
+    ap.add_argument("--s-q", type=int, default=1, choices=[1, 2, 3, 4],
+                    help="query tokens per request (causal, speculative decoding); > 1 needs "
+                    "--formats (kernelflow only: the baselines cover s_q = 1)")
     ap.add_argument("--sk-sweep", action="store_true",
                     help="s_k 1K..64K at h_q 16, b 64, over --formats (default all three)")
     args = ap.parse_args()
+    if args.s_q != 1 and not (args.formats or args.sk_sweep):
+        ap.error("--s-q > 1 needs --formats (the Triton, torch and FlashMLA baselines cover s_q = 1)")
     if args.sk_sweep:
         args.h_q, args.batch = [16], [64]
         args.s_k = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -154,8 +160,8 @@ def fast_time_ms(unit, calls_per_unit: int) -> float:
 # ---- data --------------------------------------------------------------------------------------
 
 class Problem:
-    def __init__(self, h_q, b, s_k, page, dtype, rotate_bytes, max_copies, seed):
-        self.h_q, self.b, self.s_k, self.page, self.dtype = h_q, b, s_k, page, dtype
+    def __init__(self, h_q, b, s_k, page, dtype, rotate_bytes, max_copies, seed, s_q=1):
+        self.h_q, self.b, self.s_k, self.page, self.dtype, self.s_q = h_q, b, s_k, page, dtype, s_q
         dev = torch.device(DEVICE)
         pages_per_seq = math.ceil(s_k / page)
         self.cache_bytes = b * s_k * BYTES_PER_TOKEN
@@ -165,12 +171,13 @@ class Problem:
         self.kv = torch.randn(num_pages, page, 576, device=dev, dtype=dtype, generator=g)
         perm = torch.randperm(num_pages, device=dev, generator=g).to(torch.int32)
         self.block_tables = perm.view(self.copies, b, pages_per_seq).contiguous()
-        self.qs = torch.randn(self.copies, b, 1, h_q, 576, device=dev, dtype=dtype, generator=g)
+        self.qs = torch.randn(self.copies, b, s_q, h_q, 576, device=dev, dtype=dtype, generator=g)
         self.seqlens = torch.full((b,), s_k, dtype=torch.int32, device=dev)
-        q_bytes = b * h_q * 576 * self.kv.element_size()
-        o_bytes = b * h_q * 512 * self.kv.element_size()
+        q_bytes = b * s_q * h_q * 576 * self.kv.element_size()
+        o_bytes = b * s_q * h_q * 512 * self.kv.element_size()
         self.bytes = self.cache_bytes + q_bytes + o_bytes
-        self.flops = 2 * b * 1 * h_q * s_k * (576 + 512)
+        seen = sum(s_k - s_q + 1 + i for i in range(s_q))  # positions the s_q queries see (causal)
+        self.flops = 2 * b * h_q * seen * (576 + 512)
         self._ref = None
 
     def ref(self):
@@ -197,19 +204,19 @@ class KernelFlowRunner:
         dev_index = torch.cuda.current_device()
         self.num_workers = None
         try:
-            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, 1))
+            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q))
         except Exception as e:  # noqa: BLE001
             log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
-        self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1, num_workers=self.num_workers)
+        self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q, num_workers=self.num_workers)
         self.ws = None
         if self.num_workers is not None:
             try:
-                n = int(kf.workspace_size(p.b, p.h_q, 1, self.num_workers))
+                n = int(kf.workspace_size(p.b, p.h_q, p.s_q, self.num_workers))
                 self.ws = torch.empty(max(n, 1), dtype=torch.uint8, device=DEVICE)
             except Exception as e:  # noqa: BLE001
                 log(f"    kernelflow.workspace_size failed ({short_err(e)}); no workspace")
-        self.out = torch.empty(p.b, 1, p.h_q, 512, dtype=p.dtype, device=DEVICE)
-        self.lse = torch.empty(p.b, p.h_q, 1, dtype=torch.float32, device=DEVICE)
+        self.out = torch.empty(p.b, p.s_q, p.h_q, 512, dtype=p.dtype, device=DEVICE)
+        self.lse = torch.empty(p.b, p.h_q, p.s_q, dtype=torch.float32, device=DEVICE)
 
     def call(self, p: Problem, i: int):
         kw = {"out": self.out, "lse": self.lse}
@@ -229,7 +236,7 @@ class KernelFlowRunner:
         return lambda: [self.call(p, i) for i in range(p.copies)]
 
     def metadata_unit(self, p: Problem, n: int = 16):
-        return (lambda: [self.kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
+        return (lambda: [self.kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q,
                                                    num_workers=self.num_workers)
                          for _ in range(n)]), n
 
@@ -327,7 +334,7 @@ def shapes(args, dtype, rotate_bytes, label: str):
                 log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {label}]")
                 try:
                     p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
-                                args.seed)
+                                args.seed, s_q=args.s_q)
                 except torch.cuda.OutOfMemoryError as e:
                     log(f"  skipped: {short_err(e)}")
                     continue
@@ -358,7 +365,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                 kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
                 code = fmt if q8 else None
                 # The schedule made for this format (the metadata call is not timed).
-                md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=1,
+                md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q,
                                          num_workers=runner.num_workers, kv_format=fmt)
 
                 def call(i, kv=kv, code=code, md=md):
@@ -404,7 +411,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
             log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
                 f"({100 * row['frac_read_peak']:5.1f}% read){sp}")
     log(f"\n## MLA decode by cache format, {torch.cuda.get_device_name(0)}, q {args.dtype}, "
-        f"page {args.page}, s_q 1, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
+        f"page {args.page}, s_q {args.s_q}, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
     log("| h_q | b | s_k | " + " | ".join(f"{f} us | {f} %read" + (f" | {f}/bf16" if f != "bf16" else "")
                                           for f in args.formats) + " |")
     ncol = sum(3 if f != "bf16" else 2 for f in args.formats) + 3

@@ -71,10 +71,15 @@ struct DeviceProblem {
                          cache_seqlens.dl(), metadata.dl(), pr.scale, out.dl(), lse.dl(),
                          workspace.dl(), eb, stream);
   }
+  // Metadata, then decode: one eager step as a caller makes it; the first failure is returned.
+  kf_status step(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr, void* stream = nullptr) {
+    const kf_status m = metadata_call(pr, stream);
+    return m != KF_SUCCESS ? m : decode(pr, fmt, eb, stream);
+  }
   // The results into the host problem (out and lse).
-  void download_results(Built& b) {
-    out.download(b.out);
-    lse.download(b.lse);
+  cudaError_t download_results(Built& b) {
+    const cudaError_t e = out.download(b.out);
+    return e != cudaSuccess ? e : lse.download(b.lse);
   }
   DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
 };

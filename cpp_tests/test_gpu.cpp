@@ -59,17 +59,16 @@ TEST_P(GpuDecode, MatchesCpuBackendAndReference) {
   ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
 
   const auto meta_cpu = cpu.metadata.snapshot();
-  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(dev.decode(pr, c.bf16 ? KF_KV_BF16 : KF_KV_FP16), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.step(pr, c.bf16 ? KF_KV_BF16 : KF_KV_FP16), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
 
   Built gpu = build_problem(pr, rng);  // host buffers of the same shapes for the results
-  dev.download_results(gpu);
+  CUDA_OK(dev.download_results(gpu));
   dev.metadata.download(gpu.metadata);
   EXPECT_EQ(meta_cpu, gpu.metadata.snapshot()) << "GPU metadata differs from the CPU scheduler's";
   expect_close_to(gpu, cpu);
   // The GPU result against float64 on the same inputs (cpu holds them).
-  dev.download_results(cpu);
+  CUDA_OK(dev.download_results(cpu));
   expect_matches_reference(cpu);
 #endif
 }
@@ -102,16 +101,15 @@ TEST(GpuDecodeDeterminism, RerunsAreBitIdentical) {
   pr.seqlens = random_lengths(rng, pr.batch, 3000, 0.0);
   Built b = build_problem(pr, rng);
   DeviceProblem dev(b);
-  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.step(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  dev.download_results(b);
+  CUDA_OK(dev.download_results(b));
   const auto out1 = b.out.snapshot(), lse1 = b.lse.snapshot();
   b.out.fill<uint16_t>(0x7fc0);
   dev.out.upload(b.out);
   ASSERT_EQ(dev.decode(pr, KF_KV_BF16), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  dev.download_results(b);
+  CUDA_OK(dev.download_results(b));
   EXPECT_EQ(out1, b.out.snapshot());
   EXPECT_EQ(lse1, b.lse.snapshot());
 #endif
@@ -132,11 +130,9 @@ TEST(GpuDecodeGraph, ReplayWithNewLengthsMatchesEager) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const kf_status s1 = dev.metadata_call(pr, stream);
-  const kf_status s2 = dev.decode(pr, KF_KV_BF16, nullptr, stream);
+  const kf_status captured = dev.step(pr, KF_KV_BF16, nullptr, stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(s1, KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(s2, KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(captured, KF_SUCCESS) << kf_last_error();
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   // New (shorter) lengths: the pages already hold those tokens.
@@ -144,12 +140,11 @@ TEST(GpuDecodeGraph, ReplayWithNewLengthsMatchesEager) {
   dev.cache_seqlens.upload(b.cache_seqlens);
   CUDA_OK(cudaGraphLaunch(exec, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
-  dev.download_results(b);
+  CUDA_OK(dev.download_results(b));
   const auto out_graph = b.out.snapshot(), lse_graph = b.lse.snapshot();
-  ASSERT_EQ(dev.metadata_call(pr, stream), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(dev.decode(pr, KF_KV_BF16, nullptr, stream), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.step(pr, KF_KV_BF16, nullptr, stream), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaStreamSynchronize(stream));
-  dev.download_results(b);
+  CUDA_OK(dev.download_results(b));
   EXPECT_EQ(out_graph, b.out.snapshot());
   EXPECT_EQ(lse_graph, b.lse.snapshot());
   cudaGraphExecDestroy(exec);
@@ -212,7 +207,7 @@ TEST(GpuErrorBuffer, BadDeviceValuesAreMaskedAndReported) {
   EXPECT_NE(eb.ptr<int32_t>()[0] & KF_DEVERR_PAGE_RANGE, 0);
   EXPECT_GE(eb.ptr<int32_t>()[1], 1);
   // Request 0 is untouched by either fault and still correct.
-  dev.download_results(b);
+  CUDA_OK(dev.download_results(b));
   b.cache_seqlens.ptr<int32_t>()[1] = 200;
   const Reference ref = reference_decode(b);
   const auto o = out_row(b, 0, 0, 0);
@@ -302,7 +297,7 @@ TEST(Gpu8bit, DecodeMatchesCpuBackend) {
       ASSERT_EQ(s, KF_SUCCESS) << kf_last_error();
       CUDA_OK(cudaDeviceSynchronize());
       Built gpu = build_problem(pr, rng);
-      dev.download_results(gpu);
+      CUDA_OK(dev.download_results(gpu));
       expect_close_to(gpu, cpu);  // SPEC.md: same 8-bit cache, GPU vs CPU, worst row < 1e-5
     }
 #endif

@@ -160,11 +160,9 @@ void expect_report(const std::vector<int32_t>& w, int32_t flags, int32_t req, in
 void gpu_decode(Built& b, ErrorBuffer& eb) {
   DeviceProblem dev(b);
   ASSERT_TRUE(dev.ok() && eb.dev.ok()) << "cudaMalloc failed";
-  ASSERT_EQ(dev.metadata_call(b.pr), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(dev.decode(b.pr, b.pr.bf16 ? KF_KV_BF16 : KF_KV_FP16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.step(b.pr, b.pr.bf16 ? KF_KV_BF16 : KF_KV_FP16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(dev.out.download(b.out));
-  CUDA_OK(dev.lse.download(b.lse));
+  CUDA_OK(dev.download_results(b));
 }
 
 #endif  // KF_TESTS_WITH_CUDA
@@ -219,11 +217,9 @@ TEST_P(GpuSanitize, DecodeMatchesCpuBackend) {
   std::memcpy(cpu_out.ptr<uint8_t>(), b.out.ptr<uint8_t>(), b.out.bytes());
   std::memcpy(cpu_lse.ptr<uint8_t>(), b.lse.ptr<uint8_t>(), b.lse.bytes());
 
-  ASSERT_EQ(dev.metadata_call(pr), KF_SUCCESS) << kf_last_error();
-  ASSERT_EQ(dev.decode(pr, c.bf16 ? KF_KV_BF16 : KF_KV_FP16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(dev.step(pr, c.bf16 ? KF_KV_BF16 : KF_KV_FP16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
   CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(dev.out.download(b.out));
-  CUDA_OK(dev.lse.download(b.lse));
+  CUDA_OK(dev.download_results(b));
   CUDA_OK(dev.metadata.download(b.metadata));
   EXPECT_EQ(meta_cpu, b.metadata.snapshot()) << "GPU metadata differs from the CPU scheduler's";
   expect_clean(eb.read());
@@ -333,9 +329,8 @@ TEST(GpuSanitizeGraph, CapturedStepMatchesCpuAndEager) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto step = [&] {
     const kf_status a = kf_cache_append(dkv.dl(), dev.cache.dl(), KF_KV_BF16, dslots.dl(), eb.dev.dl(), stream);
-    const kf_status m = dev.metadata_call(pr, stream);
-    const kf_status d = dev.decode(pr, KF_KV_BF16, eb.dev.dl(), stream);
-    return a != KF_SUCCESS ? a : m != KF_SUCCESS ? m : d;
+    const kf_status d = dev.step(pr, KF_KV_BF16, eb.dev.dl(), stream);
+    return a != KF_SUCCESS ? a : d;
   };
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -538,8 +533,7 @@ TEST(GpuContents, ErrorBufferContract) {
   slots.ptr<int64_t>()[1] = -1;
   DeviceTensor dkv(kv), dslots(slots);
   auto decode = [&] {
-    ASSERT_EQ(dev.metadata_call(b.pr), KF_SUCCESS) << kf_last_error();
-    ASSERT_EQ(dev.decode(b.pr, KF_KV_BF16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
+    ASSERT_EQ(dev.step(b.pr, KF_KV_BF16, eb.dev.dl()), KF_SUCCESS) << kf_last_error();
     CUDA_OK(cudaDeviceSynchronize());
   };
   auto append = [&] {
@@ -594,11 +588,9 @@ TEST(GpuContents, ReportedInsideCudaGraphReplays) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const kf_status m = dev.metadata_call(b.pr, stream);
-  const kf_status d = dev.decode(b.pr, KF_KV_BF16, eb.dev.dl(), stream);
+  const kf_status captured = dev.step(b.pr, KF_KV_BF16, eb.dev.dl(), stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(m, KF_SUCCESS);
-  ASSERT_EQ(d, KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(captured, KF_SUCCESS) << kf_last_error();
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   auto replay = [&] {
@@ -616,8 +608,7 @@ TEST(GpuContents, ReportedInsideCudaGraphReplays) {
   eb.reset();
   replay();
   expect_clean(eb.read());
-  CUDA_OK(dev.out.download(b.out));
-  CUDA_OK(dev.lse.download(b.lse));
+  CUDA_OK(dev.download_results(b));
   expect_matches_reference(b);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -57,13 +57,13 @@ def mla_decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
 
 def mla_decode_ref64(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      cache_seqlens: torch.Tensor, softmax_scale: float):
-    """float64 reference (s_q = 1): o [b, 1, h_q, 512] float64, lse [b, h_q, 1] float64."""
+    """float64 reference: o [b, s_q, h_q, 512] float64, lse [b, h_q, s_q] float64. With s_q > 1
+    the causal rule of SPEC.md section 1: query i sees positions < seqlen - s_q + i + 1."""
     b, s_q, h_q, _ = q.shape
-    assert s_q == 1
     page_size = kv_cache.shape[1]
     kv = kv_cache.reshape(kv_cache.shape[0], page_size, D_HEAD)
-    o = torch.zeros(b, 1, h_q, D_LATENT, dtype=torch.float64, device=q.device)
-    lse = torch.full((b, h_q, 1), float("-inf"), dtype=torch.float64, device=q.device)
+    o = torch.zeros(b, s_q, h_q, D_LATENT, dtype=torch.float64, device=q.device)
+    lse = torch.full((b, h_q, s_q), float("-inf"), dtype=torch.float64, device=q.device)
     seqlens = cache_seqlens.tolist()
     for i in range(b):
         n = seqlens[i]
@@ -71,10 +71,14 @@ def mla_decode_ref64(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
             continue
         pages = block_table[i, : math.ceil(n / page_size)].long()
         k = kv[pages].reshape(-1, D_HEAD)[:n].double()
-        s = (q[i, 0].double() @ k.T) * softmax_scale  # [h, n]
-        l = torch.logsumexp(s, dim=-1)
-        o[i, 0] = torch.exp(s - l[:, None]) @ k[:, :D_LATENT]
-        lse[i, :, 0] = l
+        for j in range(s_q):
+            m = n - s_q + j + 1  # positions this query sees
+            if m <= 0:
+                continue
+            s = (q[i, j].double() @ k[:m].T) * softmax_scale  # [h, m]
+            l = torch.logsumexp(s, dim=-1)
+            o[i, j] = torch.exp(s - l[:, None]) @ k[:m, :D_LATENT]
+            lse[i, :, j] = l
     return o, lse
 
 

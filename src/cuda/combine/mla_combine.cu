@@ -173,9 +173,7 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_mla_combine(const MlaDecodeParams& p, cudaStream_t stream) {
-  const cudaError_t err = p.dtype == DType::kBF16 ? launch<__nv_bfloat16>(p, stream)
-                                                  : launch<__half>(p, stream);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return p.dtype == DType::kBF16 ? launch<__nv_bfloat16>(p, stream) : launch<__half>(p, stream);
 }
 
 }  // namespace kf::cuda

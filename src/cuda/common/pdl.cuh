@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <utility>
 
@@ -40,12 +41,25 @@ inline bool device_has_pdl() {
     return v != nullptr && v[0] != '\0' && v[0] != '0';
   }();
   if (disabled) return false;
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
+  // One attribute query per device, not one per launch: 0 unknown, 1 no, 2 yes.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices] = {};
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
+  if (cacheable) {
+    const signed char k = known[dev].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (cacheable) known[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
   return major >= 9;
 }
 

@@ -780,8 +780,8 @@ cudaError_t run_mla_decode_sm80(const MlaDecodeParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_workers, ceil_div(p.num_rows, Tr::kBlockM));
-  err = launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  // cudaLaunchKernelEx reports the launch's own errors; no cudaGetLastError after it.
+  return launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p);
 }
 
 // Blocks of this configuration that fit on one SM of `device` (2 on sm_90 for the 16- and
