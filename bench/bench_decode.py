@@ -199,15 +199,17 @@ class KernelFlowRunner:
     def __init__(self, kf):
         self.kf = kf
 
-    def prepare(self, p: Problem):
+    def prepare(self, p: Problem, kv_format: str = "bf16"):
+        """Worker count, schedule and workspace for decodes over a cache of kv_format."""
         kf = self.kf
         dev_index = torch.cuda.current_device()
         self.num_workers = None
         try:
-            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q))
+            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q, kv_format))
         except Exception as e:  # noqa: BLE001
             log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
-        self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q, num_workers=self.num_workers)
+        self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q, num_workers=self.num_workers,
+                                      kv_format=kv_format)
         self.ws = None
         if self.num_workers is not None:
             try:
@@ -354,8 +356,6 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
     log(f"kernelflow: {kf.__file__}; formats {' '.join(args.formats)}")
     rows, fails = [], 0
     for h_q, b, s_k, p in shapes(args, dtype, rotate_bytes, f"q {args.dtype}"):
-        runner = KernelFlowRunner(kf)
-        runner.prepare(p)
         ref = None
         res = {}
         for fmt in args.formats:
@@ -364,11 +364,13 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                 q8 = fmt != "bf16"
                 kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
                 code = fmt if q8 else None
-                # The schedule made for this format (the metadata call is not timed).
-                md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q,
-                                         num_workers=runner.num_workers, kv_format=fmt)
+                # The format's default worker count and schedule (the metadata call is not timed).
+                runner = KernelFlowRunner(kf)
+                runner.prepare(p, kv_format=fmt)
+                row["workers"] = runner.num_workers
+                md = runner.md
 
-                def call(i, kv=kv, code=code, md=md):
+                def call(i, kv=kv, code=code, md=md, runner=runner):
                     kw = {"out": runner.out, "lse": runner.lse}
                     if runner.ws is not None:
                         kw["workspace"] = runner.ws
@@ -409,7 +411,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
             sp = (f"  {res['bf16']['us'] / row['us']:.2f}x vs bf16"
                   if "bf16" in res and fmt != "bf16" else "")
             log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
-                f"({100 * row['frac_read_peak']:5.1f}% read){sp}")
+                f"({100 * row['frac_read_peak']:5.1f}% read){sp}, {row['workers']} workers")
     log(f"\n## MLA decode by cache format, {torch.cuda.get_device_name(0)}, q {args.dtype}, "
         f"page {args.page}, s_q {args.s_q}, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
     log("| h_q | b | s_k | " + " | ".join(f"{f} us | {f} %read" + (f" | {f}/bf16" if f != "bf16" else "")

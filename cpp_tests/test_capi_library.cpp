@@ -96,6 +96,11 @@ TEST(Sizes, MetadataAndWorkspaceFollowTheCore) {
 }
 
 TEST(Sizes, DefaultWorkersOnCpu) {
+  for (kf_kv_format f : {KF_KV_BF16, KF_KV_FP16, KF_KV_FP8_E4M3, KF_KV_INT8}) {
+    int w = 0;
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(-1, 16, 2, f, &w), KF_SUCCESS);
+    EXPECT_EQ(w, 4) << kf_last_error();
+  }
   int w = 0;
   ASSERT_EQ(kf_mla_default_num_workers(-1, 16, 1, &w), KF_SUCCESS);
   EXPECT_EQ(w, 4);

@@ -316,6 +316,15 @@ TEST(GpuDevice, DefaultWorkersFromSmCount) {
     EXPECT_LE(w, 2 * sms);
     EXPECT_GE(w, sms / 8);  // 128 rows: at most 8 row tiles
   }
+  // 8-bit caches run 16 rows per block: the count for 16 rows, divided by the row tiles.
+  for (kf_kv_format f : {KF_KV_FP8_E4M3, KF_KV_INT8}) {
+    int w16 = 0, w32 = 0, w128 = 0;
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, 16, 1, f, &w16), KF_SUCCESS) << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, 16, 2, f, &w32), KF_SUCCESS) << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, 128, 1, f, &w128), KF_SUCCESS) << kf_last_error();
+    EXPECT_EQ(w32, w16 / 2);
+    EXPECT_EQ(w128, w16 / 8 < 1 ? 1 : w16 / 8);
+  }
   int w = 0;
   EXPECT_EQ(kf_mla_default_num_workers(kf_cuda_device_count(), 16, 1, &w), KF_ERROR_INVALID_ARGUMENT);
 #endif

@@ -277,7 +277,7 @@ static void build(Setup& s) {
   s.q.resize(size_t(s.batch) * s.rows * kHeadDim);
   for (auto& v : s.q) v = to16(randn(), c.dtype);
 
-  s.workers = c.num_workers ? c.num_workers : cuda::mla_default_num_workers(0, s.rows);
+  s.workers = c.num_workers ? c.num_workers : cuda::mla_default_num_workers(0, s.rows, c.fmt);
   s.dq = DevBuf<uint16_t>(s.q.size());
   s.dq.up(s.q);
   s.dkv = DevBuf<uint8_t>(s.kv8.size());
@@ -534,7 +534,7 @@ static bool g_timeline = false;  // --timeline (KF_TIMELINE builds): per-block t
 // One eager call with the decode's per-block timestamps (src/cuda/common/timeline.cuh), summarized
 // relative to the first block's entry: where a call's time goes besides streaming.
 static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what) {
-  const int blocks = p.num_workers * (p.num_rows <= 32 ? 1 : (p.num_rows + 63) / 64);
+  const int blocks = p.num_workers * cuda::mla_row_tiles(p.num_rows, p.kv_format);
   const size_t words = cuda::kTimelineHeader + size_t(blocks) * cuda::kTimelineSlots;
   std::vector<unsigned long long> init(words, 0);
   init[0] = ~0ull;
@@ -750,7 +750,8 @@ static void timings() {
   auto row = [&](int h_q, int b, int s_k) {
     const int w = cuda::mla_default_num_workers(0, h_q);
     const TimeResult t16 = time_decode(pools, KvFormat::kBF16, h_q, b, s_k, w);
-    const int w8 = getenv("KF_W8") ? atoi(getenv("KF_W8")) : w;  // 8-bit workers (experiments)
+    const int w8 = getenv("KF_W8") ? atoi(getenv("KF_W8"))  // 8-bit workers (experiments)
+                                   : cuda::mla_default_num_workers(0, h_q, KvFormat::kFP8E4M3);
     const TimeResult t8 = time_decode(pools, KvFormat::kFP8E4M3, h_q, b, s_k, w8);
     const TimeResult ti = time_decode(pools, KvFormat::kINT8, h_q, b, s_k, w8);
     printf("%-6d %5d %6d | %9.1f %5.1f%% | %9.1f %5.1f%% %6.2fx | %9.1f %5.1f%% %6.2fx\n", h_q, b, s_k,
@@ -769,6 +770,11 @@ static void timings() {
   if (getenv("KF_ONLY_H16")) {  // quick h_q = 16 comparisons (code-placement experiments)
     for (int b : {64, 128}) row(16, b, 4096);
     for (int b : {64, 128}) row(16, b, 16384);
+    return;
+  }
+  if (getenv("KF_ONLY_H32")) {  // 32 rows (h_q 32, or h_q 16 at s_q 2: the same kernels)
+    for (int b : {64, 128}) row(32, b, 4096);
+    row(32, 64, 16384);
     return;
   }
   if (getenv("KF_ONLY_H128")) {  // quick h_q = 128 comparisons

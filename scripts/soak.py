@@ -154,7 +154,8 @@ def main(argv=None) -> int:
         kf.cache_append(rows, mirror, s, kv_format=kv_format)
 
     # Captured inputs and outputs (fixed addresses).
-    workers = a.workers or kf.default_num_workers(0 if dev == "cuda" else -1, h_q, s_q)
+    workers = a.workers or kf.default_num_workers(0 if dev == "cuda" else -1, h_q, s_q,
+                                                  kv_format or "bf16")
     q = torch.empty(b, s_q, h_q, HEAD, dtype=dtype, device=dev)
     kv = torch.zeros(b * s_q, HEAD, dtype=dtype, device=dev)
     slot_mapping = torch.full((b * s_q,), -1, dtype=torch.int64, device=dev)

@@ -172,6 +172,8 @@ def test_scalar_types(case):
         call(case, stream="default")
     with pytest.raises(ValueError, match="device"):
         kf.default_num_workers("tpu", 16)
+    with pytest.raises(ValueError, match="kv_format"):
+        kf.default_num_workers("cpu", 16, 1, kv_format="fp4")
 
 
 def test_cache_append_errors(rng):

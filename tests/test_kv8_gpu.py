@@ -250,7 +250,7 @@ def test_gpu_graph_replay_equals_eager_8bit(rng, fmt, dtype):
     slots = torch.zeros(b, dtype=torch.int64, device="cuda")
     static_bt = torch.zeros(b, max_pages, dtype=torch.int32, device="cuda")
     static_sl = torch.ones(b, dtype=torch.int32, device="cuda")
-    workers = kf.default_num_workers(q, h_q, 1)
+    workers = kf.default_num_workers(q, h_q, 1, kv_format=fmt)
     meta = torch.empty(kf.metadata_size(b, workers), dtype=torch.int32, device="cuda")
     workspace = kf.new_workspace(q, meta)
     out = torch.empty(b, 1, h_q, LATENT, dtype=q.dtype, device="cuda")

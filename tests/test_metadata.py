@@ -124,6 +124,8 @@ def test_default_workers_and_size():
     assert workers >= 1
     assert kf.default_num_workers(-1, 16, 1) == workers
     assert kf.default_num_workers(sl, 16, 1) == workers
+    for fmt in ("bf16", "fp16", "fp8_e4m3", "int8"):
+        assert kf.default_num_workers("cpu", 16, 2, kv_format=fmt) == workers
     meta = kf.get_mla_metadata(sl, 16)
     assert meta.shape == (kf.metadata_size(3, workers),)
     check_schedule(meta, sl, 16, 1, workers)

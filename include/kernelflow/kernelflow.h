@@ -98,9 +98,13 @@ KF_API kf_status kf_cache_bytes_per_page(kf_kv_format format, int page_size, siz
 
 /* ---- split scheduler ---------------------------------------------------------------------- */
 
-/* Workers (thread blocks on a GPU) the scheduler splits a batch over by default: for a CUDA
- * device (device_id >= 0) its SM count divided by the number of query-row tiles; for the CPU
- * (device_id = -1) a small fixed count. */
+/* Workers (thread blocks on a GPU) the scheduler splits a batch over by default for decodes
+ * over a cache of kv_format: for a CUDA device (device_id >= 0) the decode blocks that fit on
+ * its SMs at once divided by the number of query-row tiles (which depends on the format: 8-bit
+ * caches run 16 rows per block); for the CPU (device_id = -1) a small fixed count. */
+KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, int s_q,
+                                                       kf_kv_format kv_format, int* num_workers);
+/* kf_mla_default_num_workers_for_format for a 16-bit (KF_KV_BF16 / KF_KV_FP16) cache. */
 KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int* num_workers);
 /* int32 elements of the metadata for a batch and a worker count. */
 KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_elements);

@@ -87,10 +87,13 @@ def _device_id(device) -> int:
     return -1 if dev_type in (fw.KDL_CPU, fw.KDL_CUDA_HOST) else dev_id
 
 
-def default_num_workers(device, h_q: int, s_q: int = 1) -> int:
+def default_num_workers(device, h_q: int, s_q: int = 1, kv_format: str = "bf16") -> int:
     """Workers the scheduler splits a batch over by default on `device` (an int ordinal, -1
-    or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there)."""
-    return _C.default_num_workers(_device_id(device), _int(h_q, "h_q"), _int(s_q, "s_q"))
+    or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there), for
+    decodes over a cache of kv_format (8-bit caches run 16 query rows per block, so more than
+    16 rows take more row tiles and fewer workers)."""
+    return _C.default_num_workers(_device_id(device), _int(h_q, "h_q"), _int(s_q, "s_q"),
+                                  _format_code(kv_format, None))
 
 
 def metadata_size(batch: int, num_workers: int) -> int:
@@ -135,7 +138,7 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     """Split schedule for a decode step: int32 [metadata_size(b, num_workers)] on the device of
     `cache_seqlens`, in its framework (or written into `out`). Runs on the device without host
     synchronization, so it can be captured in a CUDA graph with the decode that uses it.
-    num_workers defaults to default_num_workers(device, h_q, s_q); with `out` it defaults to
+    num_workers defaults to default_num_workers(device, h_q, s_q, kv_format); with `out` it defaults to
     the count out's length was made for. kv_format names the cache format of the decodes it
     serves ('bf16', 'fp16', 'fp8_e4m3', 'int8'): 8-bit pieces cost more to start, so their
     schedule splits less. Metadata made for another format is still correct, only less
@@ -154,7 +157,7 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
         if num_workers is None:
             num_workers = _num_workers_of(out, batch, "out")
     elif num_workers is None:
-        num_workers = default_num_workers(cache_seqlens, h_q, s_q)
+        num_workers = default_num_workers(cache_seqlens, h_q, s_q, kv_format)
     num_workers = _int(num_workers, "num_workers")
     if num_workers < 1:
         raise ValueError(f"num_workers: expected >= 1, got {num_workers}")

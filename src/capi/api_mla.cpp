@@ -16,20 +16,26 @@ constexpr int kCpuDefaultWorkers = 4;  // enough pieces to exercise the split pa
 
 extern "C" {
 
-KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int* num_workers) {
+KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, int s_q,
+                                                       kf_kv_format kv_format, int* num_workers) {
   return guarded([&] {
     if (device_id < -1)
       return fail(KF_ERROR_INVALID_ARGUMENT,
                   "device_id: expected -1 (CPU) or a CUDA device id >= 0, got %d", device_id);
     KF_CHECK(check_h_q(h_q, "h_q"));
     KF_CHECK(check_s_q(s_q, "s_q"));
+    KF_CHECK(check_kv_format(kv_format));
     KF_CHECK(check_out_pointer(num_workers, "num_workers"));
     if (device_id == -1) {
       *num_workers = kCpuDefaultWorkers;
       return KF_SUCCESS;
     }
-    return cuda_default_num_workers(device_id, h_q * s_q, num_workers);
+    return cuda_default_num_workers(device_id, h_q * s_q, kf::KvFormat(int(kv_format)), num_workers);
   });
+}
+
+KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int* num_workers) {
+  return kf_mla_default_num_workers_for_format(device_id, h_q, s_q, KF_KV_BF16, num_workers);
 }
 
 KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_elements) {

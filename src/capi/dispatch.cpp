@@ -100,13 +100,14 @@ int cuda_device_count() {
   return n;
 }
 
-kf_status cuda_default_num_workers(int device_id, int num_rows, int* num_workers) {
+kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
+                                   int* num_workers) {
   KF_CHECK(check_backend(Device{true, device_id}));
   int sms = 0;
   const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id);
   if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
   // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
-  *num_workers = kf::cuda::mla_default_num_workers(device_id, num_rows);
+  *num_workers = kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format);
   return KF_SUCCESS;
 }
 
@@ -129,7 +130,7 @@ kf_status check_backend(const Device& dev) {
 
 int cuda_device_count() { return 0; }
 
-kf_status cuda_default_num_workers(int device_id, int, int*) {
+kf_status cuda_default_num_workers(int device_id, int, kf::KvFormat, int*) {
   return check_backend(Device{true, device_id});
 }
 

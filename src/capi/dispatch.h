@@ -27,7 +27,8 @@ kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream
 kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream);
 
 int cuda_device_count();  // 0 without a driver or GPU, or without CUDA in the build
-kf_status cuda_default_num_workers(int device_id, int num_rows, int* num_workers);
+kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
+                                   int* num_workers);
 std::string cuda_runtime_description();  // "cuda runtime 13.0" or "no CUDA runtime"
 
 }  // namespace kf::capi

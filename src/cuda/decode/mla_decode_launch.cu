@@ -18,11 +18,14 @@ cudaError_t run_decode_rows(const MlaDecodeParams& p, cudaStream_t stream) {
   return run_mla_decode_sm80<Tr64, T, kFmt>(p, stream);
 }
 
+// 8-bit caches: 16-row tiles for every row count (more rows, more row tiles). A 32-row block of
+// two row groups converted each tile once per group anyway, and its 8 warps at 241 registers
+// fit once per SM; two 16-row blocks per SM run independently. Measured (H200, research
+// harness, worker count matched to one wave): fp8 32 rows b=64 s_k 4096 131.5 -> 115.6 us,
+// h_q 128 b=64 442.8 -> 391.5 us (research/perf/s6/rows.txt).
 template <typename T, int kFmt>
 cudaError_t run_decode_rows8(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (p.num_rows <= MlaTraits8M16::kBlockM)
-    return run_mla_decode_sm80<MlaTraits8M16, T, kFmt>(p, stream);
-  return run_mla_decode_sm80<MlaTraits8M32, T, kFmt>(p, stream);
+  return run_mla_decode_sm80<MlaTraits8M16, T, kFmt>(p, stream);
 }
 
 template <typename T>
@@ -39,25 +42,28 @@ cudaError_t run_decode(const MlaDecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int mla_row_tiles(int num_rows) {
+int mla_row_tiles(int num_rows, KvFormat kv_format) {
+  if (is_8bit(kv_format)) return ceil_div(num_rows, MlaTraits8M16::kBlockM);
   if (num_rows <= MlaTraitsM32::kBlockM) return 1;
   return ceil_div(num_rows, MlaTraitsM64::kBlockM);
 }
 
-int mla_default_num_workers(int device, int num_rows) {
+int mla_default_num_workers(int device, int num_rows, KvFormat kv_format) {
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
     return 1;
   }
   int per_sm = 1;
-  if (num_rows <= MlaTraitsM16::kBlockM)
+  if (is_8bit(kv_format))
+    per_sm = mla_decode_sm80_blocks_per_sm<MlaTraits8M16, __nv_bfloat16, kKvFmtE4M3>(device);
+  else if (num_rows <= MlaTraitsM16::kBlockM)
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM16, __nv_bfloat16>(device);
   else if (num_rows <= MlaTraitsM32::kBlockM)
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device);
   else
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM64, __nv_bfloat16>(device);
-  const int w = sms * per_sm / mla_row_tiles(num_rows);
+  const int w = sms * per_sm / mla_row_tiles(num_rows, kv_format);
   return w < 1 ? 1 : w;
 }
 

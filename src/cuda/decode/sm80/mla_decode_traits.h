@@ -97,9 +97,8 @@ using MlaTraitsM16 = MlaDecodeTraits<1, 1, 32, 2>;
 using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;  // 17..32 rows
 // > 32 rows, compute-bound (h_q = 128): deferred P V for row group 1 (kDeferPv above).
 using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3, false, true>;
-// 8-bit caches: 32-token tiles (20,608 B each), one 16-row fragment per warp; more than 16 rows
-// run in 32-row tiles of 8 warps.
-using MlaTraits8M16 = MlaDecodeTraits<1, 1, 32, 4, true>;  // <= 16 rows
-using MlaTraits8M32 = MlaDecodeTraits<1, 2, 32, 3, true>;  // > 16 rows, 32 per block
+// 8-bit caches: 32-token tiles (20,608 B each), one 16-row fragment per warp, 16 rows per
+// block for every row count (more rows: more row tiles, mla_row_tiles).
+using MlaTraits8M16 = MlaDecodeTraits<1, 1, 32, 4, true>;
 
 }  // namespace kf::cuda
