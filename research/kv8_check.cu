@@ -534,7 +534,7 @@ static bool g_timeline = false;  // --timeline (KF_TIMELINE builds): per-block t
 // One eager call with the decode's per-block timestamps (src/cuda/common/timeline.cuh), summarized
 // relative to the first block's entry: where a call's time goes besides streaming.
 static void print_timeline(MlaDecodeParams p, cudaStream_t st, const char* what) {
-  const int blocks = p.num_workers * cuda::mla_row_tiles(p.num_rows, p.kv_format);
+  const int blocks = p.num_workers * cuda::mla_row_tiles(0, p.num_rows, p.kv_format);
   const size_t words = cuda::kTimelineHeader + size_t(blocks) * cuda::kTimelineSlots;
   std::vector<unsigned long long> init(words, 0);
   init[0] = ~0ull;

@@ -8,12 +8,12 @@
 
 namespace kf::cuda {
 
-// Query-row tiles (thread blocks along the row axis) the decode kernel uses for num_rows rows
-// of a cache in kv_format (16-bit: one tile up to 32 rows, then 64 per tile; 8-bit: 16 per tile).
-int mla_row_tiles(int num_rows, KvFormat kv_format = KvFormat::kBF16);
-// The default worker count on `device`: SMs x decode blocks resident per SM (2 on sm_90 for up
-// to 32 rows and for 8-bit caches, 1 elsewhere), divided by mla_row_tiles; at least 1: one
-// wave of blocks.
+// Query-row tiles (thread blocks along the row axis) the decode kernel uses on `device` for
+// num_rows rows of a cache in kv_format. 16-bit: one tile up to 32 rows; more rows in 32-row
+// tiles where two of those blocks fit an SM (sm_90), else in 64-row tiles. 8-bit: 16 per tile.
+int mla_row_tiles(int device, int num_rows, KvFormat kv_format = KvFormat::kBF16);
+// The default worker count on `device`: SMs x decode blocks resident per SM (2 on sm_90, 1 on
+// sm_80/86/89), divided by mla_row_tiles; at least 1: one wave of blocks.
 int mla_default_num_workers(int device, int num_rows, KvFormat kv_format = KvFormat::kBF16);
 
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);

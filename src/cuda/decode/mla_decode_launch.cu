@@ -1,6 +1,8 @@
 // launch_mla_decode: pick the configuration by the number of query rows, run the decode kernel
 // over (num_workers x row tiles) blocks, then the combine for split requests, on one stream.
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/combine/mla_combine.h"
 #include "cuda/decode/sm80/mla_decode_sm80.h"
@@ -11,10 +13,46 @@ namespace {
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// 16-bit caches, more than 32 rows: 32-row tiles (4 warps) where two such blocks fit an SM, else
+// 64-row tiles (8 warps, one block per SM, row group 1's P V deferred a tile). Two 32-row blocks
+// fit on sm_90 (228 KB of shared memory per SM), not on sm_80 (164 KB) or sm_86/89 (100 KB), so
+// GeForce Ampere keeps the 64-row design. Measured on the H200 (research harness, bf16, h_q 128,
+// s_k 4096, one wave either way): b=64 355.0 -> 328.9 us, b=8 60.7 -> 57.9 us
+// (research/perf/s6/bf16rows.txt). KF_DECODE_64_ROW_TILES=1 in the environment keeps the 64-row
+// tiles everywhere (the GPU tests run the Ampere design on the H200 with it).
+// Once per device: 0 unknown, 1 no, 2 yes.
+bool many_rows_in_32_row_tiles(int device) {
+  static const bool forced_64 = [] {
+    const char* v = std::getenv("KF_DECODE_64_ROW_TILES");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  if (forced_64) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices] = {};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const signed char k = known[device].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
+  }
+  const bool yes = mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device) >= 2;
+  if (cacheable) known[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
+
+int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return dev;
+}
+
 template <typename T, int kFmt, class Tr16, class Tr32, class Tr64>
 cudaError_t run_decode_rows(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.num_rows <= Tr16::kBlockM) return run_mla_decode_sm80<Tr16, T, kFmt>(p, stream);
-  if (p.num_rows <= Tr32::kBlockM) return run_mla_decode_sm80<Tr32, T, kFmt>(p, stream);
+  if (p.num_rows <= Tr32::kBlockM || many_rows_in_32_row_tiles(current_device()))
+    return run_mla_decode_sm80<Tr32, T, kFmt>(p, stream);
   return run_mla_decode_sm80<Tr64, T, kFmt>(p, stream);
 }
 
@@ -42,9 +80,10 @@ cudaError_t run_decode(const MlaDecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int mla_row_tiles(int num_rows, KvFormat kv_format) {
+int mla_row_tiles(int device, int num_rows, KvFormat kv_format) {
   if (is_8bit(kv_format)) return ceil_div(num_rows, MlaTraits8M16::kBlockM);
   if (num_rows <= MlaTraitsM32::kBlockM) return 1;
+  if (many_rows_in_32_row_tiles(device)) return ceil_div(num_rows, MlaTraitsM32::kBlockM);
   return ceil_div(num_rows, MlaTraitsM64::kBlockM);
 }
 
@@ -59,11 +98,11 @@ int mla_default_num_workers(int device, int num_rows, KvFormat kv_format) {
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraits8M16, __nv_bfloat16, kKvFmtE4M3>(device);
   else if (num_rows <= MlaTraitsM16::kBlockM)
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM16, __nv_bfloat16>(device);
-  else if (num_rows <= MlaTraitsM32::kBlockM)
+  else if (num_rows <= MlaTraitsM32::kBlockM || many_rows_in_32_row_tiles(device))
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device);
   else
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM64, __nv_bfloat16>(device);
-  const int w = sms * per_sm / mla_row_tiles(num_rows, kv_format);
+  const int w = sms * per_sm / mla_row_tiles(device, num_rows, kv_format);
   return w < 1 ? 1 : w;
 }
 
