@@ -101,3 +101,4 @@ def test_cli_usage_error():
 @pytest.mark.parametrize("device,expected", [("cpu", -1), (-1, -1)])
 def test_default_num_workers_devices(device, expected):
     assert kf.default_num_workers(device, 16) == kf._C.default_num_workers(expected, 16, 1)
+    assert kf.default_num_workers(device, 16, 2, "int8") == kf._C.default_num_workers(expected, 16, 2, 3)

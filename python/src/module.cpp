@@ -161,7 +161,7 @@ NB_MODULE(_C, m) {
   m.def("cache_bytes_per_token", &cache_bytes_per_token, nb::arg("kv_format"));
   m.def("cache_bytes_per_page", &cache_bytes_per_page, nb::arg("kv_format"), nb::arg("page_size"));
   m.def("default_num_workers", &default_num_workers, nb::arg("device_id"), nb::arg("h_q"),
-        nb::arg("s_q"), nb::arg("kv_format"));
+        nb::arg("s_q"), nb::arg("kv_format") = int(KF_KV_BF16));
   m.def("metadata_size", &metadata_size, nb::arg("batch"), nb::arg("num_workers"));
   m.def("workspace_size", &workspace_size, nb::arg("batch"), nb::arg("h_q"), nb::arg("s_q"),
         nb::arg("num_workers"));
