@@ -31,7 +31,8 @@
 // previous kernel at its first instruction.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
 // h_q=16: 10.3 us at b=1, 3.7 TB/s (81-82%) at b=64, 3.9-4.0 TB/s (86-88%) at b=128;
-// h_q=128: 206-216 TFLOPS at b=64..128 (33-34% of mma.sync's 631).
+// h_q=128: 222-234 TFLOPS at b=64..128 (35-37% of mma.sync's 629), in 32-row tiles on sm_90
+// (mla_decode_launch.cu picks the row tile per device).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
 // token, 16-byte cp.async, the scale with a 4-byte one, chunks swizzled like the 16-bit rows);
@@ -39,9 +40,9 @@
 // fragments (kv8_dequant.cuh, exact codes), and P V reuses those registers transposed
 // (movmatrix); the scale multiplies the latent part of each score, and P' = p * scale_t /
 // S_tile (fp16, S_tile a power of two) carries it into PV with O in units of S_tile; the running
-// max is lazy (see the softmax). sm_86: 96272 B / 89072 B of shared memory, 214-241 registers,
-// no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at s_k 4096, 1.41-1.43x for
-// s_k 16K-64K (74-77% of the read peak); INT8 1.18x / 1.27-1.32x. The tile loop is
+// max is lazy (see the softmax). 16 rows per block for any row count. sm_86: 96272 B of shared
+// memory, 216-241 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at
+// s_k 4096, 1.38-1.45x for s_k 16K-64K (73-77% of the read peak); INT8 1.19x / 1.29-1.35x. The tile loop is
 // dependency-bound at two warps per scheduler, and its speed moves 8-11% with where it lands in
 // the binary (research/perf/NOTES.md, fifth session).
 #pragma once

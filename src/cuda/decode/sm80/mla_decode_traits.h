@@ -94,8 +94,10 @@ struct MlaDecodeTraits {
 // passes of 16-token tiles. Measured (H200, research/perf v1): -2% at b=64, -6% at b=1, -10%
 // with 1 block/SM (sm_86's case; sm_90 runs 2 blocks/SM).
 using MlaTraitsM16 = MlaDecodeTraits<1, 1, 32, 2>;
-using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;  // 17..32 rows
-// > 32 rows, compute-bound (h_q = 128): deferred P V for row group 1 (kDeferPv above).
+// 17..32 rows; also more rows (more row tiles) where two of these blocks fit an SM (sm_90).
+using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;
+// > 32 rows where one 32-row block fills an SM (sm_80/86/89), compute-bound (h_q = 128):
+// deferred P V for row group 1 (kDeferPv above).
 using MlaTraitsM64 = MlaDecodeTraits<2, 2, 16, 3, false, true>;
 // 8-bit caches: 32-token tiles (20,608 B each), one 16-row fragment per warp, 16 rows per
 // block for every row count (more rows: more row tiles, mla_row_tiles).
