@@ -14,9 +14,10 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <utility>
+
+#include "cuda/common/device_flag.h"
 
 namespace kf::cuda {
 
@@ -46,21 +47,15 @@ inline bool device_has_pdl() {
     cudaGetLastError();
     return false;
   }
-  // One attribute query per device, not one per launch: 0 unknown, 1 no, 2 yes.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<signed char> known[kMaxDevices] = {};
-  const bool cacheable = dev >= 0 && dev < kMaxDevices;
-  if (cacheable) {
-    const signed char k = known[dev].load(std::memory_order_relaxed);
-    if (k != 0) return k == 2;
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (cacheable) known[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 9;
+  static DeviceFlag has_pdl;  // one attribute query per device, not one per launch
+  return has_pdl.get(dev, [dev] {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  });
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's

@@ -1,10 +1,10 @@
 // launch_mla_decode: pick the configuration by the number of query rows, run the decode kernel
 // over (num_workers x row tiles) blocks, then the combine for split requests, on one stream.
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
 #include "cuda/combine/mla_combine.h"
+#include "cuda/common/device_flag.h"
 #include "cuda/decode/sm80/mla_decode_sm80.h"
 #include "cuda/launch.h"
 
@@ -20,23 +20,16 @@ bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(pt
 // s_k 4096, one wave either way): b=64 355.0 -> 328.9 us, b=8 60.7 -> 57.9 us
 // (research/perf/s6/bf16rows.txt). KF_DECODE_64_ROW_TILES=1 in the environment keeps the 64-row
 // tiles everywhere (the GPU tests run the Ampere design on the H200 with it).
-// Once per device: 0 unknown, 1 no, 2 yes.
 bool many_rows_in_32_row_tiles(int device) {
   static const bool forced_64 = [] {
     const char* v = std::getenv("KF_DECODE_64_ROW_TILES");
     return v != nullptr && v[0] != '\0' && v[0] != '0';
   }();
   if (forced_64) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<signed char> known[kMaxDevices] = {};
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const signed char k = known[device].load(std::memory_order_relaxed);
-    if (k != 0) return k == 2;
-  }
-  const bool yes = mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device) >= 2;
-  if (cacheable) known[device].store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
+  static DeviceFlag two_fit;  // once per device, not per launch
+  return two_fit.get(device, [device] {
+    return mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device) >= 2;
+  });
 }
 
 int current_device() {
