@@ -759,7 +759,10 @@ static void timings() {
            100 * ti.gbs / peak, t16.us / ti.us);
   };
   if (g_profile) {  // h_q=16, b=64, s_k=16384 once per format, nothing else
-    row(16, 64, 16384);
+    if (getenv("KF_PROFILE_H128"))  // or the compute-bound h_q=128, b=64, s_k=4096
+      row(128, 64, 4096);
+    else
+      row(16, 64, 16384);
     return;
   }
   if (g_timeline) {
