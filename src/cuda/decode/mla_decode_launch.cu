@@ -87,7 +87,9 @@ int mla_default_num_workers(int device, int num_rows, KvFormat kv_format) {
     return 1;
   }
   int per_sm = 1;
-  if (is_8bit(kv_format))
+  if (kv_format == KvFormat::kINT8)
+    per_sm = mla_decode_sm80_blocks_per_sm<MlaTraits8M16, __nv_bfloat16, kKvFmtInt8>(device);
+  else if (kv_format == KvFormat::kFP8E4M3)
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraits8M16, __nv_bfloat16, kKvFmtE4M3>(device);
   else if (num_rows <= MlaTraitsM16::kBlockM)
     per_sm = mla_decode_sm80_blocks_per_sm<MlaTraitsM16, __nv_bfloat16>(device);
