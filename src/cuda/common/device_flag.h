@@ -2,9 +2,22 @@
 // code). Threads that race on the first use each compute it and store the same answer.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 
 namespace kf::cuda {
+
+// The calling thread's current CUDA device, or -1 if the runtime cannot say (a property of
+// device -1 is then computed, fails its own query and reads as "no").
+inline int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return dev;
+}
 
 constexpr int kMaxFlagDevices = 64;
 

@@ -42,11 +42,7 @@ inline bool device_has_pdl() {
     return v != nullptr && v[0] != '\0' && v[0] != '0';
   }();
   if (disabled) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  const int dev = current_device();
   static DeviceFlag has_pdl;  // one attribute query per device, not one per launch
   return has_pdl.get(dev, [dev] {
     int major = 0;

@@ -32,15 +32,6 @@ bool many_rows_in_32_row_tiles(int device) {
   });
 }
 
-int current_device() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return dev;
-}
-
 template <typename T, int kFmt, class Tr16, class Tr32, class Tr64>
 cudaError_t run_decode_rows(const MlaDecodeParams& p, cudaStream_t stream) {
   if (p.num_rows <= Tr16::kBlockM) return run_mla_decode_sm80<Tr16, T, kFmt>(p, stream);
