@@ -176,8 +176,8 @@ TEST(Scheduler, FixedCostByCacheFormat) {
   a.seqlens.assign(64, 4096);
   a.W = 264;
   b = a;
-  a.fc = kf::kFixedCost16;
-  b.fc = kf::kFixedCost8;
+  a.fc = 1;
+  b.fc = 5;
   a.build();
   b.build();
   expect_exact_cover(a);

@@ -748,7 +748,8 @@ static void timings() {
   printf("%-6s %5s %6s | %9s %6s | %9s %6s %7s | %9s %6s %7s\n", "h_q", "b", "s_k", "bf16 us",
          "%peak", "fp8 us", "%peak", "speedup", "int8 us", "%peak", "speedup");
   auto row = [&](int h_q, int b, int s_k) {
-    const int w = cuda::mla_default_num_workers(0, h_q);
+    const int w = getenv("KF_W16") ? atoi(getenv("KF_W16"))  // 16-bit workers (experiments)
+                                   : cuda::mla_default_num_workers(0, h_q);
     const TimeResult t16 = time_decode(pools, KvFormat::kBF16, h_q, b, s_k, w);
     const int w8 = getenv("KF_W8") ? atoi(getenv("KF_W8"))  // 8-bit workers (experiments)
                                    : cuda::mla_default_num_workers(0, h_q, KvFormat::kFP8E4M3);
@@ -768,6 +769,12 @@ static void timings() {
   if (g_timeline) {
     for (int b : {1, 64, 128}) row(16, b, 4096);
     row(128, 64, 4096);
+    return;
+  }
+  if (getenv("KF_ONLY_B1")) {  // the latency-bound single request
+    row(16, 1, 4096);
+    row(16, 1, 16384);
+    row(16, 8, 4096);
     return;
   }
   if (getenv("KF_ONLY_H16")) {  // quick h_q = 16 comparisons (code-placement experiments)

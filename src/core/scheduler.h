@@ -33,10 +33,16 @@ namespace kf {
 constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at multiples of it
 // A piece's fixed cost F in tiles, by cache format. Measured on the H200 (decode + combine,
 // research/perf/NOTES.md): for 16-bit caches 1 instead of 5 (FlashMLA's figure) is 9% faster
-// at b = 8 (h_q 16 and 128), 3% at b = 32 and 1-2% at b = 64..128; for 8-bit caches 5 stays
-// best (1 is 5% slower at s_k = 4096 and 24% at 1024: their pieces cost more to start).
+// at b = 8 (h_q 16 and 128), 3% at b = 32 and 1-2% at b = 64..128; 0 or 2 are slower at b = 1.
+// 8-bit caches used 5 while their epilogue cost ~4 us per piece; since it costs ~1 us, 1 is
+// best for them too (seventh session: FP8 b = 64 / 128 at s_k 4096 4-5% faster, b = 8 10%,
+// s_k 16K-64K within 1%). The formats keep separate constants: the split is a per-format
+// choice recorded in the metadata, and may differ on other GPUs.
 constexpr int kFixedCost16 = 1;
-constexpr int kFixedCost8 = 5;
+#ifndef KF_FIXED_COST8  // research builds may override it (-DKF_FIXED_COST8=N)
+#define KF_FIXED_COST8 1
+#endif
+constexpr int kFixedCost8 = KF_FIXED_COST8;
 constexpr int kMaxFixedCost = 64;  // what a metadata header may record
 KF_HD int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 : kFixedCost16; }
 constexpr int kMetaHeaderLen = 16;
