@@ -28,6 +28,21 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(src_bytes), "l"(policy));
 }
+// 16-bit split partials are read back once by the combine, after the rest of the call's KV
+// stream has gone through L2: their stores are marked evict-last, so the stream does not push
+// them out (the decode kernel's epilogue has the measurement).
+// (volatile: made where the stores are, not hoisted ahead of the tile loop, which would move the
+// loop's code and with it the FP8 loop's speed, research/perf/NOTES.md)
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void st_global_keep(float* dst, float2 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(dst), "f"(v.x),
+               "f"(v.y), "l"(policy)
+               : "memory");
+}
 // 4 bytes (an 8-bit cache's per-token scale), zero-filled the same way.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
