@@ -41,8 +41,8 @@
 // (movmatrix); the scale multiplies the latent part of each score, and P' = p * scale_t /
 // S_tile (fp16, S_tile a power of two) carries it into PV with O in units of S_tile; the running
 // max is lazy (see the softmax). 16 rows per block for any row count. sm_86: 96272 B of shared
-// memory, 216-241 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.25x bf16's speed at
-// s_k 4096, 1.38-1.45x for s_k 16K-64K (73-77% of the read peak); INT8 1.19x / 1.29-1.35x. The tile loop is
+// memory, 216-241 registers, no spills. Measured (H200, h_q=16, b=64): FP8 1.29x bf16's speed at
+// s_k 4096, 1.42-1.47x for s_k 16K-64K (77-81% of the read peak); INT8 1.22x / 1.28-1.35x. The tile loop is
 // dependency-bound at two warps per scheduler, and its speed moves 8-11% with where it lands in
 // the binary (research/perf/NOTES.md, fifth session).
 #pragma once
