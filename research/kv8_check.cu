@@ -762,6 +762,8 @@ static void timings() {
   if (g_profile) {  // h_q=16, b=64, s_k=16384 once per format, nothing else
     if (getenv("KF_PROFILE_H128"))  // or the compute-bound h_q=128, b=64, s_k=4096
       row(128, 64, 4096);
+    else if (getenv("KF_PROFILE_B128"))  // or h_q=16, b=128, s_k=4096 (the combine's cost there)
+      row(16, 128, 4096);
     else
       row(16, 64, 16384);
     return;

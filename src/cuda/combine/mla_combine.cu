@@ -2,15 +2,15 @@
 // out[row] = sum_k w_k o_accum[k][row], lse[row] = log sum_k exp(lse_accum[k][row]), with
 // core/softmax_merge.h's merged_lse / piece_weight. Deterministic: the max and the sum of
 // exponentials are reduced in a fixed butterfly, the weighted sum in a fixed order.
-// Every warp reduces the row's lse values itself (lane k holds pieces k, k + 32, ...) and owns
-// 128 output values (lane l: 4 of them); the pieces go in rounds of kGroup (a round's rows load
-// together, one round trip; the first round loads with the lse values). Two tilings:
-//  - many requests (few pieces each): grid (batch, rows), warp g owns values 128 g ..: no shared
-//    memory, no block barrier; kGroup 8 (64 registers: b = 64 at h_q = 16 is one wave);
+// The row's lse values are reduced by a warp (lane k holds pieces k, k + 32, ...). Two tilings:
+//  - many requests (few pieces each, b >= 16 at h_q 16): one warp per row, 4 rows per block;
+//    lane l holds the row's float4s l, l + 32, l + 64, l + 96 (512-byte loads per warp) and adds
+//    the pieces in index order, kRound pieces' loads in flight at once, the first round with
+//    the lse values (two round trips for up to kRound pieces, header included);
 //  - few requests (many pieces each: b = 1 spreads a request over ~64 workers): grid (batch,
-//    rows, 4), the block's 4 warps share 128 values and take the rounds in turn (warp w: rounds
-//    w, w + 4, ...), then add their sums in warp order through shared memory. kGroup 16: 64
-//    pieces are one round trip instead of four.
+//    rows, 4), a block's 4 warps share 128 values of the row, take rounds of 16 pieces in turn
+//    (warp w: rounds w, w + 4, ...; a round's products added in a fixed pairwise tree) and add
+//    their sums in warp order through shared memory.
 // It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,7 +29,11 @@
 namespace kf::cuda {
 namespace {
 
-constexpr int kThreads = kLatentDim / 4;  // one float4 of the row per thread
+constexpr int kRowFloat4s = kLatentDim / 4;  // 128
+constexpr int kRowsPerBlock = 4;             // many requests: a warp per row
+constexpr int kRound = 4;                    // many requests: pieces loaded together
+constexpr int kManyRound = 16;               // few requests: pieces per warp round
+constexpr int kManyWarps = 4;                // few requests: warps sharing 128 values of a row
 
 // A 16-byte load through the read-only path (the partials are complete: stream order).
 __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
@@ -40,51 +44,43 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
   return o;
 }
 
-template <typename T, int kGroup, bool kWarpsOverPieces>
-__global__ void __launch_bounds__(kThreads)
-    mla_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
+__device__ __forceinline__ void timeline_start(const MlaDecodeParams& p) {
 #ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0) atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
+  if (p.timeline != nullptr && threadIdx.x == 0)
+    atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
 #endif
-  static_assert(32 % kGroup == 0, "a round stays inside one 32-piece chunk of lse values");
-  constexpr int kWarps = kThreads / 32;
-  const int r = blockIdx.x, row = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int quarter = kWarpsOverPieces ? int(blockIdx.z) : warp;  // values 128 quarter ..
-  // The request's piece range loads with the header words (one round trip, not two).
+}
+__device__ __forceinline__ void timeline_end(const MlaDecodeParams& p) {
+#ifdef KF_TIMELINE
+  if (p.timeline != nullptr && threadIdx.x == 0)
+    atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
+#endif
+}
+
+// Request r's pieces [first, first + n), read with the header words (one round trip); false
+// when there is nothing to merge here: metadata made for another call (the decode wrote empty
+// rows and reported), one piece (the decode wrote out), or a range outside the workspace
+// (reported by `reporter`).
+__device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r, bool reporter,
+                                            int& first, int& n) {
   const int32_t* piece_offset = meta_piece_offset(p.metadata, p.num_workers);
-  const int first = piece_offset[r], last = piece_offset[r + 1];
-  if (!metadata_matches(p)) return;  // decode wrote empty rows and reported
-  if (last - first <= 1) return;
+  first = piece_offset[r];
+  const int last = piece_offset[r + 1];
+  if (!metadata_matches(p)) return false;
+  if (last - first <= 1) return false;
   if (first < 0 || last > max_pieces(p.batch, p.num_workers)) {
-    if (tid == 0 && row == 0 && quarter == 0)
-      report_device_error(p.error_buffer, kDevErrMetadata, r, last);
-    return;
+    if (reporter) report_device_error(p.error_buffer, kDevErrMetadata, r, last);
+    return false;
   }
-  const int n = last - first;
-  const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
-  const float4* o_base = reinterpret_cast<const float4*>(
-      p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) + quarter * 32 + lane;
-  const int64_t piece_stride = int64_t(p.num_rows) * kLatentDim / 4;  // in float4
-  auto lse_of = [&](int k) { return k < n ? lse_k[int64_t(k) * p.num_rows] : -INFINITY; };
-  auto load_group = [&](float4 (&o)[kGroup], int k0) {
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u)  // nothing is loaded past the last piece
-      o[u] = k0 + u < n ? ldg_nc_f4(o_base + (k0 + u) * piece_stride)
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  // This warp's rounds: pieces kGroup rho .. + kGroup - 1 for rho = rho0, rho0 + rho_step, ...
-  const int rho0 = kWarpsOverPieces ? warp : 0, rho_step = kWarpsOverPieces ? kWarps : 1;
+  n = last - first;
+  return true;
+}
 
-  // One round trip: the first round's rows, this lane's first lse value and the lse of the
-  // lane's piece in the first round's 32-piece chunk.
-  float4 o[kGroup];
-  load_group(o, rho0 * kGroup);
-  const float lse0 = lse_of(lane);
-  const int chunk0 = (rho0 * kGroup) & ~31;
-  const float lse_chunk0 = chunk0 == 0 ? lse0 : lse_of(chunk0 + lane);
-
-  // lse = log sum_k exp(lse_k): lane maxima and sums over pieces lane, lane + 32, ..., then a
-  // butterfly (the same fixed order in every warp).
+// lse = log sum_k exp(lse_k) over n pieces, in every lane of the warp: lane maxima and sums
+// over pieces lane, lane + 32, ..., then a butterfly (the same fixed order in every warp).
+// lse0 = lse_of(lane), already loaded.
+template <class LseOf>
+__device__ __forceinline__ float warp_merged_lse(const LseOf& lse_of, int n, int lane, float lse0) {
   float mx = lse0;
   for (int k = lane + 32; k < n; k += 32) mx = fmaxf(mx, lse_of(k));
 #pragma unroll
@@ -96,17 +92,117 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  const float lse = merged_lse(mx, sum);
+  return merged_lse(mx, sum);
+}
+
+// 4 values of an out row (only 4-byte aligned: 4-byte stores).
+template <typename T>
+__device__ __forceinline__ void store4(T* out, float4 v) {
+  reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(v.x, v.y);
+  reinterpret_cast<uint32_t*>(out)[1] = pack2<T>(v.z, v.w);
+}
+
+// Many requests, few pieces each: a warp per row (see the top of the file).
+template <typename T>
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
+  timeline_start(p);
+  const int r = blockIdx.x, lane = threadIdx.x & 31;
+  const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
+  int first = 0, n = 0;
+  if (row >= p.num_rows || !piece_range(p, r, row == 0 && lane == 0, first, n)) return;
+  const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
+  const float4* o_base =
+      reinterpret_cast<const float4*>(p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) +
+      lane;
+  const int64_t piece_stride = int64_t(p.num_rows) * kRowFloat4s;  // in float4
+  auto lse_of = [&](int k) { return k < n ? lse_k[int64_t(k) * p.num_rows] : -INFINITY; };
+  float4 o[kRound][4];
+  auto load_round = [&](int k0) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)  // nothing is loaded past the last piece
+        o[u][j] = k0 + u < n ? ldg_nc_f4(o_base + (k0 + u) * piece_stride + 32 * j)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  load_round(0);  // in flight with the lse values
+  const float lse0 = lse_of(lane);
+  const float lse = warp_merged_lse(lse_of, n, lane, lse0);
+
+  // acc = sum_k w_k o_k in piece order; piece k's weight comes from lane k % 32 of its chunk.
+  float4 acc[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  static_assert(32 % kRound == 0, "a round stays inside one 32-piece chunk of lse values");
+  for (int k0 = 0; k0 < n; k0 += kRound) {
+    if (k0 > 0) load_round(k0);
+    const int chunk = k0 & ~31;
+    const float w_lane = piece_weight(chunk == 0 ? lse0 : lse_of(chunk + lane), lse);
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const float w = __shfl_sync(0xffffffffu, w_lane, k0 - chunk + u);
+      if (k0 + u < n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[j].x = fmaf(w, o[u][j].x, acc[j].x);
+          acc[j].y = fmaf(w, o[u][j].y, acc[j].y);
+          acc[j].z = fmaf(w, o[u][j].z, acc[j].z);
+          acc[j].w = fmaf(w, o[u][j].w, acc[j].w);
+        }
+      }
+    }
+  }
+  const int s = row / p.h_q, h = row % p.h_q;
+  T* out = static_cast<T*>(p.out) + int64_t(r) * p.o_batch_stride + int64_t(s) * p.o_seq_stride +
+           int64_t(h) * p.o_head_stride + 4 * lane;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) store4<T>(out + 128 * j, acc[j]);
+  if (lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
+  pdl_launch_dependents();
+  timeline_end(p);
+}
+
+// Few requests, many pieces each: a block per (request, row, quarter of the row) (see the top).
+template <typename T>
+__global__ void __launch_bounds__(kManyWarps * 32)
+    mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
+  timeline_start(p);
+  const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int first = 0, n = 0;
+  if (!piece_range(p, r, tid == 0 && row == 0 && quarter == 0, first, n)) return;
+  const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
+  const float4* o_base = reinterpret_cast<const float4*>(
+      p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) + quarter * 32 + lane;
+  const int64_t piece_stride = int64_t(p.num_rows) * kRowFloat4s;  // in float4
+  auto lse_of = [&](int k) { return k < n ? lse_k[int64_t(k) * p.num_rows] : -INFINITY; };
+  auto load_group = [&](float4 (&o)[kManyRound], int k0) {
+#pragma unroll
+    for (int u = 0; u < kManyRound; ++u)  // nothing is loaded past the last piece
+      o[u] = k0 + u < n ? ldg_nc_f4(o_base + (k0 + u) * piece_stride)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  // This warp's rounds: pieces kManyRound rho .. + kManyRound - 1 for rho = warp, warp + 4, ...
+  // One round trip: the first round's rows, this lane's first lse value and the lse of the
+  // lane's piece in the first round's 32-piece chunk.
+  float4 o[kManyRound];
+  load_group(o, warp * kManyRound);
+  const float lse0 = lse_of(lane);
+  const int chunk0 = (warp * kManyRound) & ~31;
+  const float lse_chunk0 = chunk0 == 0 ? lse0 : lse_of(chunk0 + lane);
+  const float lse = warp_merged_lse(lse_of, n, lane, lse0);
 
   // acc = sum_k w_k o_k over this warp's rounds: piece k's weight comes from lane k % 32 of its
-  // chunk; a round's kGroup products are added in a fixed pairwise tree.
+  // chunk; a round's products are added in a fixed pairwise tree.
+  static_assert(32 % kManyRound == 0, "a round stays inside one 32-piece chunk of lse values");
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int rho = rho0; rho * kGroup < n; rho += rho_step) {
-    const int k0 = rho * kGroup, chunk = k0 & ~31;
-    if (rho != rho0) load_group(o, k0);
+  for (int rho = warp; rho * kManyRound < n; rho += kManyWarps) {
+    const int k0 = rho * kManyRound, chunk = k0 & ~31;
+    if (rho != warp) load_group(o, k0);
     const float w_lane = piece_weight(chunk == chunk0 ? lse_chunk0 : lse_of(chunk + lane), lse);
 #pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
+    for (int u = 0; u < kManyRound; ++u) {
       const float w = __shfl_sync(0xffffffffu, w_lane, k0 - chunk + u);  // 0 past the last piece
       o[u].x *= w;
       o[u].y *= w;
@@ -114,9 +210,9 @@ __global__ void __launch_bounds__(kThreads)
       o[u].w *= w;
     }
 #pragma unroll
-    for (int step = 1; step < kGroup; step <<= 1)
+    for (int step = 1; step < kManyRound; step <<= 1)
 #pragma unroll
-      for (int u = 0; u < kGroup; u += 2 * step) {
+      for (int u = 0; u < kManyRound; u += 2 * step) {
         o[u].x += o[u + step].x;
         o[u].y += o[u + step].y;
         o[u].z += o[u + step].z;
@@ -127,46 +223,46 @@ __global__ void __launch_bounds__(kThreads)
     acc.z += o[0].z;
     acc.w += o[0].w;
   }
-  if constexpr (kWarpsOverPieces) {  // the warps' sums, added in warp order by warp 0
-    __shared__ float4 part[kWarps - 1][32];
-    if (warp > 0) part[warp - 1][lane] = acc;
-    __syncthreads();
-    if (warp > 0) return;
+  __shared__ float4 part[kManyWarps - 1][32];  // the warps' sums, added in warp order by warp 0
+  if (warp > 0) part[warp - 1][lane] = acc;
+  __syncthreads();
+  if (warp > 0) return;
 #pragma unroll
-    for (int w = 0; w < kWarps - 1; ++w) {
-      const float4 v = part[w][lane];
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
+  for (int w = 0; w < kManyWarps - 1; ++w) {
+    const float4 v = part[w][lane];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   const int s = row / p.h_q, h = row % p.h_q;
   T* out = static_cast<T*>(p.out) + int64_t(r) * p.o_batch_stride + int64_t(s) * p.o_seq_stride +
            int64_t(h) * p.o_head_stride + quarter * 128 + 4 * lane;
-  // 4-byte stores: out rows need only 4-byte alignment.
-  reinterpret_cast<uint32_t*>(out)[0] = pack2<T>(acc.x, acc.y);
-  reinterpret_cast<uint32_t*>(out)[1] = pack2<T>(acc.z, acc.w);
+  store4<T>(out, acc);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
   pdl_launch_dependents();
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && tid == 0) atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
-#endif
+  timeline_end(p);
 }
 
 template <typename T>
 cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
-  const dim3 grid(p.batch, p.num_rows);
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
-  // warps of a block split the pieces (grid z: the 4 quarters of the row); otherwise the dims.
-  // Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264 workers, decode + combine): b = 1
-  // 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16 workers per request) 36.2 -> 37.4 us.
+  // warps of a block split the pieces. Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264
+  // workers, decode + combine): b = 1 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16
+  // workers per request) 36.2 -> 37.4 us. Otherwise a warp per row. The earlier block per row
+  // (a thread per float4, each of its 4 warps reducing the row's lse values again, registers
+  // for 8 pieces where there are typically 2-5, two waves at b = 128) took 6.2 us at b = 128
+  // (Nsight Compute, L2 as the decode left it); research harness, same call: bf16 h_q 16 b=128
+  // s_k 4096 153.6 -> 151.9 us, h_q 128 b=64 327.5 -> 321.8, FP8 b=128 113.1 -> 110.9; b=64
+  // within 0.2 us (research/perf/s7/combine_warp_rows.txt).
   // A plain launch: as a programmatic dependent of the decode it was slower (pdl.cuh).
-  const bool many_pieces = p.num_workers >= 32 * p.batch;
-  if (many_pieces)
-    mla_combine_kernel<T, 16, true><<<dim3(grid.x, grid.y, kThreads / 32), kThreads, 0, stream>>>(p);
-  else
-    mla_combine_kernel<T, 8, false><<<grid, kThreads, 0, stream>>>(p);
+  if (p.num_workers >= 32 * p.batch) {
+    const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
+    mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);
+  } else {
+    const dim3 grid(p.batch, (p.num_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    mla_combine_rows_kernel<T><<<grid, kRowsPerBlock * 32, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
