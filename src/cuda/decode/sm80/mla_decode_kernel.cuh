@@ -30,8 +30,8 @@
 // On sm_90 the kernel is launched as a programmatic dependent (pdl.cuh): it waits for the
 // previous kernel at its first instruction.
 // Measured (H200, s_k 4096, page 64, bf16, decode+combine in a CUDA graph, docs/status.md):
-// h_q=16: 10.3 us at b=1, 3.7 TB/s (81-82%) at b=64, 3.9-4.0 TB/s (86-88%) at b=128;
-// h_q=128: 222-234 TFLOPS at b=64..128 (35-37% of mma.sync's 629), in 32-row tiles on sm_90
+// h_q=16: 10.3 us at b=1, 3.7-3.8 TB/s (82-85%) at b=64, 3.9-4.1 TB/s (88-90%) at b=128;
+// h_q=128: 222-236 TFLOPS at b=64..128 (35-38% of mma.sync's 625-630), in 32-row tiles on sm_90
 // (mla_decode_launch.cu picks the row tile per device).
 //
 // 8-bit caches (kFmt e4m3 / int8, MlaTraits8*): the ring holds the page's sections (644 B per
