@@ -34,7 +34,8 @@ def test_decode_kernels_are_built_for_sm86(sm86_report):
     _, rows = sm86_report
     names = [func for _, func, _ in rows]
     assert any("mla_decode_sm80_kernel" in n for n in names), names
-    assert any("mla_combine_kernel" in n for n in names), names
+    assert any("mla_combine_rows_kernel" in n for n in names), names
+    assert any("mla_combine_pieces_kernel" in n for n in names), names
 
 
 def test_no_spills_and_shared_memory_fits(sm86_report):
