@@ -3,10 +3,11 @@
 // core/softmax_merge.h's merged_lse / piece_weight. Deterministic: the max and the sum of
 // exponentials are reduced in a fixed butterfly, the weighted sum in a fixed order.
 // The row's lse values are reduced by a warp (lane k holds pieces k, k + 32, ...). Two tilings:
-//  - many requests (few pieces each, b >= 16 at h_q 16): one warp per row, 4 rows per block;
-//    lane l holds the row's float4s l, l + 32, l + 64, l + 96 (512-byte loads per warp) and adds
-//    the pieces in index order, kRound pieces' loads in flight at once, the first round with
-//    the lse values (two round trips for up to kRound pieces, header included);
+//  - many requests (< 32 workers per request: b >= 9 on the H200's 264 h_q 16 workers), few
+//    pieces each: one warp per row, 4 rows per block; lane l holds the row's float4s l, l + 32,
+//    l + 64, l + 96 (512-byte loads per warp) and adds the pieces in index order, kRound
+//    pieces' loads in flight at once, the first round with the lse values (two round trips for
+//    up to kRound pieces, header included);
 //  - few requests (many pieces each: b = 1 spreads a request over ~64 workers): grid (batch,
 //    rows, 4), a block's 4 warps share 128 values of the row, take rounds of 16 pieces in turn
 //    (warp w: rounds w, w + 4, ...; a round's products added in a fixed pairwise tree) and add
