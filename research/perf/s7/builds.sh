@@ -35,12 +35,22 @@ case "${1:-}" in
       SRC_ROOT=.snap/wt-nocomb bash $H research/kv8_check.cu build/variant-nocomb
       SRC_ROOT=. bash $H research/kv8_check.cu build/variant-main
       pack variant-*/kv8_check ;;
-  8)  # rows per combine block (a kRows template parameter and -DKF_COMBINE_ROWS in the
-      # combine's launch, written for the call and not kept: see NOTES), main = 34d5eb6, nocomb as in 7
-      echo "call 8's variant source was not kept (no gain); see research/perf/NOTES.md" ;;
-  9)  # 16-bit partials evict-last: main = d765ac7, evl = 2a4adce (the same change with the 8-bit
-      # stores marked too, as measured: the FP8 part was then dropped), nocomb as in 7
-      echo "evl as measured = 2a4adce plus evict-last float4 stores in the 8-bit epilogue" ;;
+  8)  # rows per combine block (-DKF_COMBINE_ROWS=N on research/perf/s7/combine-rows.patch),
+      # main = 34d5eb6, nocomb as in 7
+      wt .snap/wt-main 34d5eb6; wt .snap/wt-r 34d5eb6
+      git -C .snap/wt-r apply -p1 "$PWD/research/perf/s7/combine-rows.patch"
+      SRC_ROOT=.snap/wt-main bash $H research/kv8_check.cu build/variant-main
+      for r in 2 4 8; do
+        SRC_ROOT=.snap/wt-r EXTRA_FLAGS=-DKF_COMBINE_ROWS=$r bash $H research/kv8_check.cu build/variant-r$r
+      done
+      pack variant-*/kv8_check ;;
+  9)  # 16-bit partials evict-last as measured: 2a4adce with the 8-bit epilogue's stores marked
+      # too (research/perf/s7/evl-8bit.patch; that part was dropped), main = 34d5eb6
+      wt .snap/wt-main 34d5eb6; wt .snap/wt-evl 2a4adce
+      git -C .snap/wt-evl apply -p1 "$PWD/research/perf/s7/evl-8bit.patch"
+      SRC_ROOT=.snap/wt-main bash $H research/kv8_check.cu build/variant-main
+      SRC_ROOT=.snap/wt-evl bash $H research/kv8_check.cu build/variant-evl
+      pack variant-*/kv8_check ;;
   11|12)  # Nsight Compute of the combine at h_q 16 b=128 (KF_PROFILE_B128 in the harness), main = a032160
       bash $H research/kv8_check.cu build/variant-main; pack variant-main/kv8_check ;;
   13) # the warp-per-row combine: main = a032160, rows4 = d1052d9, rows2 = d1052d9 with kRound 2
