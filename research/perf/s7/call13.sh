@@ -9,10 +9,5 @@ OUT=${OUT:-/tmp/kf-out}; mkdir -p "$OUT"
 tar xzf build/carry/cmp.tgz -C build
 {
   echo "== checks rows4: $(timeout 120 build/variant-rows4/kv8_check --no-time 2>&1 | grep -E '^CHECKS')"
-  for v in main rows4 rows2 main rows4 rows2; do
-    echo "== $v"
-    for m in KF_ONLY_H16 KF_ONLY_H32 KF_ONLY_H128; do
-      env $m=1 build/variant-$v/kv8_check --time-only 2>&1 | sed -n '/^h_q/,$p' | grep -v '^h_q'
-    done
-  done
+  bash research/perf/time_variants.sh main rows4 rows2 main rows4 rows2
 } 2>&1 | tee "$OUT/combine_warp_rows.txt"

@@ -7,11 +7,6 @@ cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/kf-out}; mkdir -p "$OUT"
 tar xzf build/carry/cmp.tgz -C build
 {
-  for v in main nocomb main nocomb; do
-    echo "== $v"
-    for m in KF_ONLY_B1 KF_ONLY_H16 KF_ONLY_H128; do
-      env $m=1 build/variant-$v/kv8_check --time-only 2>&1 | sed -n '/^h_q/,$p' | grep -v '^h_q'
-    done
-  done
+  MODES="KF_ONLY_B1 KF_ONLY_H16 KF_ONLY_H128" bash research/perf/time_variants.sh main nocomb main nocomb
 } 2>&1 | tee "$OUT/nocombine.txt"
 BENCH_ARGS="--tune quick" bash scripts/gpu_check.sh bench sanitize 2>&1 | tail -45
