@@ -30,4 +30,7 @@ def test_bench_reference_matches_tests_reference(rng, s_q, seqlens):
     np.testing.assert_allclose(got_o.numpy(), want_o, rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(np.isinf(got_lse.numpy()), np.isinf(want_lse))
     fin = np.isfinite(want_lse)
-    np.testing.assert_allclose(got_lse.numpy()[fin], want_lse[fin], rtol=1e-12, atol=1e-12)
+    # Two float64 implementations on whatever BLAS the machine has: they agreed to 1e-15 here but
+    # only to 5e-11 relative on a CI machine, so lse gets the same 1e-9 as o (the kernels' own
+    # gate is 1e-4, SPEC.md section 4).
+    np.testing.assert_allclose(got_lse.numpy()[fin], want_lse[fin], rtol=1e-9, atol=1e-9)
