@@ -39,10 +39,7 @@ constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at
 // s_k 16K-64K within 1%). The formats keep separate constants: the split is a per-format
 // choice recorded in the metadata, and may differ on other GPUs.
 constexpr int kFixedCost16 = 1;
-#ifndef KF_FIXED_COST8  // research builds may override it (-DKF_FIXED_COST8=N)
-#define KF_FIXED_COST8 1
-#endif
-constexpr int kFixedCost8 = KF_FIXED_COST8;
+constexpr int kFixedCost8 = 1;
 constexpr int kMaxFixedCost = 64;  // what a metadata header may record
 KF_HD int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 : kFixedCost16; }
 constexpr int kMetaHeaderLen = 16;

@@ -17,7 +17,8 @@ case "${1:-}" in
       CHECKS16=1 bash research/pack_variants.sh main=.snap/wt-main lazy=.snap/wt-lazy ;;
   2)  # workers (KF_W16/KF_W8 at run time) and the timeline build; at c376ee0 + the harness's KF_W16
       TIMELINE=1 bash research/pack_variants.sh main=. ;;
-  3)  # the 8-bit fixed cost: -DKF_FIXED_COST8=N (the override in core/scheduler.h)
+  3)  # the 8-bit fixed cost: -DKF_FIXED_COST8=N (the override core/scheduler.h had until the
+      # eighth session; build from a tree at c376ee0..3ac28d8)
       for f in 5 3 2 1 0; do EXTRA_FLAGS=-DKF_FIXED_COST8=$f bash $H research/kv8_check.cu build/variant-f$f; done
       pack variant-f*/kv8_check ;;
   6)  # the 8-bit q-load reorder (research/perf/s7/qload.patch) at placements K; main = c10e021

@@ -14,10 +14,10 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "cuda/common/device_flag.h"
+#include "cuda/common/env_flag.h"
 
 namespace kf::cuda {
 
@@ -37,10 +37,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Programmatic dependent launch exists from sm_90 on. KF_DISABLE_PDL=1 in the environment turns
 // it off (plain stream order; for A/B timings and for tools that do not follow it).
 inline bool device_has_pdl() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("KF_DISABLE_PDL");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
+  static const bool disabled = env_flag("KF_DISABLE_PDL");
   if (disabled) return false;
   const int dev = current_device();
   static DeviceFlag has_pdl;  // one attribute query per device, not one per launch

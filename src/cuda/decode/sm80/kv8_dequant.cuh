@@ -35,10 +35,9 @@
 
 #include "core/mla_shape.h"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/decode/sm80/mla_decode_traits.h"  // KvFmt
 
 namespace kf::cuda {
-
-enum KvFmt { kKvFmt16 = 0, kKvFmtE4M3 = 1, kKvFmtInt8 = 2 };
 
 // The smallest power of two >= x, for finite x > 0 (2^-126 for subnormal x).
 __device__ __forceinline__ float pow2_at_least(float x) {

@@ -17,6 +17,9 @@
 
 namespace kf::cuda {
 
+// The cache format a kernel instantiation reads: 16-bit rows in q's dtype, or an 8-bit format.
+enum KvFmt { kKvFmt16 = 0, kKvFmtE4M3 = 1, kKvFmtInt8 = 2 };
+
 constexpr int kSm86MaxSmemPerBlock = 101376;  // 99 KiB opt-in: the smallest of sm_80/86/89/90
 
 template <int kMFrags_, int kRowGroups_, int kBlockN_, int kStages_, bool kKv8_ = false,
