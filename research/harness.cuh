@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/launch.h"
+
 #ifndef KF_HARNESS_SEED
 #define KF_HARNESS_SEED 20261130
 #endif
@@ -69,6 +71,13 @@ struct DevBuf {
   }
   void fill_bytes(int v) { CK(cudaMemset(p, v, n * sizeof(X))); }
 };
+
+// The library's default worker count on device 0 for num_rows query rows of a kv_format cache.
+static int default_workers(int num_rows, kf::KvFormat kv_format = kf::KvFormat::kBF16) {
+  int w = 0;
+  CK(kf::cuda::mla_default_num_workers(0, num_rows, kv_format, &w));
+  return w;
+}
 
 static int num_sms() {
   int dev, n;

@@ -277,7 +277,7 @@ static void build(Setup& s) {
   s.q.resize(size_t(s.batch) * s.rows * kHeadDim);
   for (auto& v : s.q) v = to16(randn(), c.dtype);
 
-  s.workers = c.num_workers ? c.num_workers : cuda::mla_default_num_workers(0, s.rows, c.fmt);
+  s.workers = c.num_workers ? c.num_workers : default_workers(s.rows, c.fmt);
   s.dq = DevBuf<uint16_t>(s.q.size());
   s.dq.up(s.q);
   s.dkv = DevBuf<uint8_t>(s.kv8.size());
@@ -742,17 +742,17 @@ static void timings() {
            pools.pages, ms, gb / (ms * 1e-3));
   }
   CK(cudaDeviceSynchronize());
-  const int w16 = cuda::mla_default_num_workers(0, 16);
+  const int w16 = default_workers(16);
   printf("\nTimings: decode+combine, page 64, bf16 q, CUDA graph, caches rotated beyond L2, median; "
          "8-bit bytes = b*s_k*644, read peak %.0f GB/s\n", peak);
   printf("%-6s %5s %6s | %9s %6s | %9s %6s %7s | %9s %6s %7s\n", "h_q", "b", "s_k", "bf16 us",
          "%peak", "fp8 us", "%peak", "speedup", "int8 us", "%peak", "speedup");
   auto row = [&](int h_q, int b, int s_k) {
     const int w = getenv("KF_W16") ? atoi(getenv("KF_W16"))  // 16-bit workers (experiments)
-                                   : cuda::mla_default_num_workers(0, h_q);
+                                   : default_workers(h_q);
     const TimeResult t16 = time_decode(pools, KvFormat::kBF16, h_q, b, s_k, w);
     const int w8 = getenv("KF_W8") ? atoi(getenv("KF_W8"))  // 8-bit workers (experiments)
-                                   : cuda::mla_default_num_workers(0, h_q, KvFormat::kFP8E4M3);
+                                   : default_workers(h_q, KvFormat::kFP8E4M3);
     const TimeResult t8 = time_decode(pools, KvFormat::kFP8E4M3, h_q, b, s_k, w8);
     const TimeResult ti = time_decode(pools, KvFormat::kINT8, h_q, b, s_k, w8);
     printf("%-6d %5d %6d | %9.1f %5.1f%% | %9.1f %5.1f%% %6.2fx | %9.1f %5.1f%% %6.2fx\n", h_q, b, s_k,

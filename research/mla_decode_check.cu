@@ -103,7 +103,7 @@ static void build(Setup& s) {
   s.q.resize(size_t(s.batch) * s.rows * kHeadDim);
   for (auto& v : s.q) v = to16(randn(), c.dtype);
 
-  const int workers = c.num_workers ? c.num_workers : cuda::mla_default_num_workers(0, s.rows);
+  const int workers = c.num_workers ? c.num_workers : default_workers(s.rows);
   s.dq = DevBuf<uint16_t>(s.q.size());
   s.dq.up(s.q);
   s.dkv = DevBuf<uint16_t>(s.kv.size());
@@ -513,14 +513,14 @@ static void timings() {
     for (int i = 0; i < 6; ++i) {
       const int rows = h_q;
       TimeResult t = time_decode(h_q, bs[i], s_k, cuda::launch_mla_decode,
-                                 cuda::mla_default_num_workers(0, rows), pool.p, pool_pages);
+                                 default_workers(rows), pool.p, pool_pages);
       printf("%-28s %5d %9.1f %9.0f %9.1f %12.1f\n", h_q == 16 ? "h_q=16 shipped" : "h_q=128 shipped",
              bs[i], t.us, t.gbs, t.tflops, h_q == 16 ? flashmla16[i] : flashmla128[i]);
     }
   }
   const int sms = num_sms();
-  printf("default workers: h_q=16 %d, h_q=32 rows %d, h_q=128 %d\n", cuda::mla_default_num_workers(0, 16),
-         cuda::mla_default_num_workers(0, 32), cuda::mla_default_num_workers(0, 128));
+  printf("default workers: h_q=16 %d, h_q=32 rows %d, h_q=128 %d\n", default_workers(16),
+         default_workers(32), default_workers(128));
   printf("variants:\n");
   using V16a = cuda::MlaDecodeTraits<1, 1, 16, 4>;
   for (int b : {1, 64, 128}) {
@@ -541,7 +541,7 @@ static void timings() {
   }
   // Speculative decoding shape.
   {
-    TimeResult t = time_decode(16, 64, s_k, cuda::launch_mla_decode, cuda::mla_default_num_workers(0, 32),
+    TimeResult t = time_decode(16, 64, s_k, cuda::launch_mla_decode, default_workers(32),
                                pool.p, pool_pages, 2);
     printf("%-28s %5d %9.1f %9.0f %9.1f\n", "h_q=16 s_q=2 shipped", 64, t.us, t.gbs, t.tflops);
   }

@@ -103,11 +103,10 @@ int cuda_device_count() {
 kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
                                    int* num_workers) {
   KF_CHECK(check_backend(Device{true, device_id}));
-  int sms = 0;
-  const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id);
-  if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
   // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
-  *num_workers = kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format);
+  const cudaError_t e =
+      kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
+  if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
   return KF_SUCCESS;
 }
 

@@ -13,8 +13,10 @@ namespace kf::cuda {
 // tiles where two of those blocks fit an SM (sm_90), else in 64-row tiles. 8-bit: 16 per tile.
 int mla_row_tiles(int device, int num_rows, KvFormat kv_format = KvFormat::kBF16);
 // The default worker count on `device`: SMs x decode blocks resident per SM (2 on sm_90, 1 on
-// sm_80/86/89), divided by mla_row_tiles; at least 1: one wave of blocks.
-int mla_default_num_workers(int device, int num_rows, KvFormat kv_format = KvFormat::kBF16);
+// sm_80/86/89), divided by mla_row_tiles; at least 1: one wave of blocks. The error of the SM
+// count query if it fails (*num_workers untouched).
+cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format,
+                                    int* num_workers);
 
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);
 // Decode (the pieces) then combine (split requests), on one stream.

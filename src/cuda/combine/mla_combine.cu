@@ -261,7 +261,7 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
     const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
     mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);
   } else {
-    const dim3 grid(p.batch, (p.num_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    const dim3 grid(p.batch, ceil_div(p.num_rows, kRowsPerBlock));
     mla_combine_rows_kernel<T><<<grid, kRowsPerBlock * 32, 0, stream>>>(p);
   }
   return cudaGetLastError();

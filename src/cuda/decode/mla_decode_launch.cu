@@ -42,12 +42,11 @@ int mla_row_tiles(int device, int num_rows, KvFormat kv_format) {
   return decode_config_row_tiles(device_decode_config(device, num_rows, kv_format), num_rows);
 }
 
-int mla_default_num_workers(int device, int num_rows, KvFormat kv_format) {
+cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format,
+                                    int* num_workers) {
   int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
   const DecodeConfig c = device_decode_config(device, num_rows, kv_format);
   // Resident blocks per SM, counted for bf16 q (the fp16 build has the same shared memory).
   const int per_sm = with_instance(c, [&](auto in) {
@@ -55,7 +54,8 @@ int mla_default_num_workers(int device, int num_rows, KvFormat kv_format) {
     return mla_decode_sm80_blocks_per_sm<typename In::Traits, __nv_bfloat16, In::kFmt>(device);
   });
   const int w = sms * per_sm / decode_config_row_tiles(c, num_rows);
-  return w < 1 ? 1 : w;
+  *num_workers = w < 1 ? 1 : w;
+  return cudaSuccess;
 }
 
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
