@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Turn a benchmark run's output into the compact JSON kept in docs/results/.
+
+The benchmark scripts write everything they know (bench/bench_decode.py --json keeps each Triton
+configuration tried, unrounded floats, indented one value per line). docs/results/ keeps one file
+per benchmark, the latest run, with the GPU, date, versions, commit and command inside and one
+row per line, so a reader can diff two runs and the figures can be regenerated from it
+(bench/plot_results.py).
+
+    # decode grid (bench_decode.py --json), into docs/results/decode_h200.json
+    python3 tools/compact_results.py bench $OUT/bench.json docs/results/decode_h200.json \\
+        --commit $(git rev-parse --short HEAD) --driver 580.159.04 \\
+        --command "python3 bench/bench_decode.py --tune quick --json \\$OUT/bench.json"
+    # the format runs go under one key each of docs/results/formats_h200.json
+    python3 tools/compact_results.py bench $OUT/formats.json docs/results/formats_h200.json \\
+        --key grid --log $OUT/formats.txt --commit ... --command "..."
+    # bench/accuracy_8bit.py prints a markdown table; its printed output goes in
+    python3 tools/compact_results.py accuracy $OUT/accuracy.txt docs/results/accuracy_8bit.json \\
+        --commit ... --command "python3 bench/accuracy_8bit.py"
+
+`--log` reads the device, versions and date from the header that bench_decode.py prints (its
+--formats and --sk-sweep JSON do not carry them). Nothing here needs a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+# Keys of a bench_decode.py row that a reader or the figures use; everything else is dropped
+# (the Triton search's "tried" list, us_min, the number of cache copies).
+ROW_KEYS = ("kernel", "format", "h_q", "s_q", "b", "s_k", "page", "dtype", "workers", "us",
+            "GBps", "TFLOPS", "frac_read_peak", "frac_mma_peak", "metadata_us", "timing",
+            "config", "note", "check", "error")
+CHECK_KEYS = ("ok", "worst_row_cos_dist", "lse_max_abs_err", "whole_output_cos_dist", "nan")
+DIGITS = {"us": 2, "metadata_us": 2, "GBps": 1, "TFLOPS": 2, "frac_read_peak": 4,
+          "frac_mma_peak": 4}
+
+
+def round_sig(x, sig=3):
+    return float(f"{x:.{sig}g}") if isinstance(x, float) else x
+
+
+def compact_check(check):
+    return {k: round_sig(check[k]) for k in CHECK_KEYS if k in check}
+
+
+def compact_row(row):
+    out = {}
+    for k in ROW_KEYS:
+        if k not in row or row[k] is None:
+            continue
+        v = row[k]
+        if k == "check":
+            v = compact_check(v)
+        elif k in DIGITS and isinstance(v, float):
+            v = round(v, DIGITS[k])
+        out[k] = v
+    return out
+
+
+def compact_peaks(peaks):
+    if not peaks:
+        return None
+    read = peaks.get("read_GBps") or peaks.get("read", {}).get("GBps")
+    mma = peaks.get("mma_sync_bf16_TFLOPS") or peaks.get("mma_sync", {}).get("TFLOPS")
+    out = {"read_GBps": round(read, 1) if read else None,
+           "mma_sync_bf16_TFLOPS": round(mma, 1) if mma else None}
+    if peaks.get("source"):
+        out["source"] = re.sub(r" \(/[^)]*\)$", "", peaks["source"])  # drop the device's path
+    return out
+
+
+def header_from_log(path):
+    """device, versions and date from the first line bench_decode.py prints."""
+    with open(path) as f:
+        first = f.readline()
+    m = re.match(r"device: (.*?), \d+ SMs.*?; torch (\S+), triton (\S+); (.*)$", first.strip())
+    if not m:
+        sys.exit(f"{path}: no 'device: ...' header on the first line")
+    return {"device": m.group(1), "torch": m.group(2), "triton": m.group(3), "date": m.group(4)}
+
+
+def bench_run(raw, args):
+    log = header_from_log(args.log) if args.log else {}
+    versions = {k: raw.get(k) or log.get(k) for k in ("torch", "triton")}
+    if args.cuda:
+        versions["cuda"] = args.cuda
+    run = {
+        "benchmark": "bench/bench_decode.py",
+        "what": args.what,
+        "device": raw.get("device") or log.get("device"),
+        "driver": args.driver,
+        "date": args.date or raw.get("date") or log.get("date"),
+        "commit": args.commit,
+        "versions": versions,
+        "command": args.command or "python3 bench/bench_decode.py " + " ".join(raw.get("argv", [])),
+        "peaks": compact_peaks(raw.get("peaks")),
+    }
+    rows = [compact_row(r) for r in raw["rows"]]
+    checked = [r for r in rows if "check" in r]
+    if checked:
+        run["checks"] = {"run": len(checked), "failed": sum(not r["check"]["ok"] for r in checked)}
+    if raw.get("errors"):
+        run["errors"] = raw["errors"]
+    run["rows"] = rows
+    return {k: v for k, v in run.items() if v is not None}
+
+
+ACC_ROW = re.compile(r"^\| (.+?) \| (\S+) \| (\d+) \| (\S+) \| (\S+) \| (.+?) \| (\S+) \|$")
+
+
+def accuracy_run(path, args):
+    """bench/accuracy_8bit.py's printed table -> rows."""
+    with open(path) as f:
+        lines = [ln.rstrip("\n") for ln in f]
+    rows = []
+    for ln in lines:
+        m = ACC_ROW.match(ln)
+        if not m or m.group(3) == "s_k":
+            continue
+        setup, fmt, s_k, mean, worst, bound, row = m.groups()
+        gated = bound != "(report)"
+        r = {"setup": setup, "format": fmt, "s_k": int(s_k), "whole_output_mean": float(mean),
+             "whole_output_worst": float(worst), "worst_single_row": float(row)}
+        if gated:
+            limit, verdict = bound.split()
+            r.update(bound=float(limit), ok=verdict == "PASS")
+        rows.append(r)
+    if not rows:
+        sys.exit(f"{path}: no accuracy table found")
+    run = {"benchmark": "bench/accuracy_8bit.py", "what": lines[0], "device": args.device,
+           "date": args.date, "commit": args.commit, "command": args.command,
+           "gated_ok": all(r["ok"] for r in rows if "ok" in r), "rows": rows}
+    return {k: v for k, v in run.items() if v is not None}
+
+
+def _inline(x):
+    return json.dumps(x, ensure_ascii=False)
+
+
+def _flat(x):
+    """A dict or list of scalars (or of short flat values): written on one line."""
+    if isinstance(x, dict):
+        return all(not isinstance(v, (dict, list)) or (_flat(v) and len(_inline(v)) <= 160)
+                   for v in x.values())
+    if isinstance(x, list):
+        return all(not isinstance(v, (dict, list)) for v in x)
+    return True
+
+
+def dumps(x, indent=0):
+    """JSON with one row (a flat dict) per line: short enough to read, diffable by line."""
+    pad, inner = " " * indent, " " * (indent + 1)
+    if not isinstance(x, (dict, list)) or (_flat(x) and len(_inline(x)) <= 120):
+        return _inline(x)
+    if isinstance(x, list):
+        items = [_inline(v) if _flat(v) and len(_inline(v)) <= 260 else dumps(v, indent + 1)
+                 for v in x]
+        return "[\n" + ",\n".join(inner + s for s in items) + "\n" + pad + "]"
+    lines, line = [], ""
+    for k, v in x.items():
+        item = f"{_inline(k)}: {dumps(v, indent + 1)}"
+        short = not isinstance(v, (dict, list)) and len(item) <= 60
+        if short and line and len(line) + len(item) + 2 <= 100:
+            line += ", " + item  # short scalars share a line
+            continue
+        if line:
+            lines.append(line)
+        line = item
+    lines.append(line)
+    return "{\n" + ",\n".join(inner + s for s in lines) + "\n" + pad + "}"
+
+
+def write(out_path, run, key):
+    if key:
+        data = {}
+        if os.path.exists(out_path):
+            with open(out_path) as f:
+                data = json.load(f)
+        data[key] = run
+    else:
+        data = run
+    with open(out_path, "w") as f:
+        f.write(dumps(data) + "\n")
+    print(f"wrote {out_path}" + (f" [{key}]" if key else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=["bench", "accuracy"])
+    ap.add_argument("raw", help="bench_decode.py --json output, or accuracy_8bit.py's printout")
+    ap.add_argument("out", help="the docs/results/ file to write")
+    ap.add_argument("--key", help="write the run under this key of OUT (other keys are kept)")
+    ap.add_argument("--commit", required=True, help="the library commit that was measured")
+    ap.add_argument("--command", help="the command as run (default: rebuilt from the JSON's argv)")
+    ap.add_argument("--date", help="when the JSON does not say")
+    ap.add_argument("--driver", help="NVIDIA driver version (nvidia-smi)")
+    ap.add_argument("--cuda", help="CUDA toolkit version the library was built with")
+    ap.add_argument("--device", help="accuracy: the backend or GPU it ran on")
+    ap.add_argument("--log", help="bench: the printed output, for device/versions/date")
+    ap.add_argument("--what", help="one line saying what the run is")
+    args = ap.parse_args()
+    if args.kind == "bench":
+        with open(args.raw) as f:
+            run = bench_run(json.load(f), args)
+    else:
+        run = accuracy_run(args.raw, args)
+    write(args.out, run, args.key)
+
+
+if __name__ == "__main__":
+    main()
