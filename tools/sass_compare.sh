@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# sass_compare.sh TREE_A TREE_B [ARCH...]: is a change host-only? Compiles every CUDA file of
-# src/cuda in both trees to a cubin per architecture (default 90 86, the library's flags without
-# -lineinfo), disassembles it and compares the SASS with addresses and the hash in anonymous
-# namespaces' names removed. Prints one line per file that differs; exit 1 if any does. The FP8
-# loop's speed depends on its code placement, so "identical" here is the test for landing a
-# change that has not run on a GPU.
+# tools/sass_compare.sh TREE_A TREE_B [ARCH...]
+#
+# Answers: does a change leave the GPU code exactly as it was? Use it before landing a change
+# that is meant not to touch the kernels (host code, comments, a refactor into device functions
+# that should inline to the same code) when no GPU is at hand, or to show that a refactor costs
+# nothing. TREE_A and TREE_B are two checkouts of this repository (e.g. `git worktree add
+# /tmp/base HEAD~1`). Every .cu file under src/cuda is compiled in both trees to a cubin per
+# architecture (default: 90 86) with the library's compile flags (no -lineinfo), disassembled
+# with cuobjdump, and compared with the addresses and the hash in anonymous namespaces' names
+# removed. Prints one line per (file, arch) that differs or exists in one tree only, or
+# "identical SASS: N (file, arch) pairs"; exit status 1 if anything differs, 2 if cuobjdump is
+# missing. The bar is identical, not similar: the FP8 decode loop's speed depends on where its
+# code sits (docs/optimization.md), so a change that moves any instruction needs a timed A/B on
+# a GPU instead.
+# Needs nvcc on PATH and cuobjdump (CUDA toolkit, or pip install nvidia-cuda-cuobjdump).
 set -euo pipefail
 a=$(cd "$1" && pwd); b=$(cd "$2" && pwd); shift 2
 archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(90 86)
