@@ -9,18 +9,24 @@
 # architecture (default: 90 86) with the library's compile flags (no -lineinfo), disassembled
 # with cuobjdump, and compared with the addresses and the hash in anonymous namespaces' names
 # removed. Prints one line per (file, arch) that differs or exists in one tree only, or
-# "identical SASS: N (file, arch) pairs"; exit status 1 if anything differs, 2 if cuobjdump is
-# missing. The bar is identical, not similar: the FP8 decode loop's speed depends on where its
-# code sits (docs/optimization.md), so a change that moves any instruction needs a timed A/B on
-# a GPU instead.
-# Needs nvcc on PATH and cuobjdump (CUDA toolkit, or pip install nvidia-cuda-cuobjdump).
+# "identical SASS: N (file, arch) pairs"; exit status 1 if anything differs, 2 if cuobjdump or
+# nvdisasm (which cuobjdump runs) is missing. The bar is identical, not similar: the FP8 decode
+# loop's speed depends on where its code sits (docs/optimization.md), so a change that moves any
+# instruction needs a timed A/B on a GPU instead.
+# Needs nvcc on PATH, and cuobjdump and nvdisasm: from the CUDA toolkit, or pip install
+# nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm into the python3 that runs here.
 set -euo pipefail
 a=$(cd "$1" && pwd); b=$(cd "$2" && pwd); shift 2
 archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(90 86)
-cuobjdump=$(command -v cuobjdump || python3 -c "import glob,site,sys
-hits=[h for d in site.getsitepackages() for h in glob.glob(d+'/nvidia/cu*/bin/cuobjdump')]
-print(hits[0] if hits else '')")
+find_tool() {  # find_tool NAME: on PATH, else from a pip-installed nvidia-cuda-NAME wheel
+  command -v "$1" || python3 -c "import glob,site,sys
+hits=[h for d in site.getsitepackages() for h in glob.glob(d+'/nvidia/cu*/bin/$1')]
+print(hits[0] if hits else '')"
+}
+cuobjdump=$(find_tool cuobjdump); nvdisasm=$(find_tool nvdisasm)
 [ -n "$cuobjdump" ] || { echo "cuobjdump not found (pip install nvidia-cuda-cuobjdump)"; exit 2; }
+[ -n "$nvdisasm" ] || { echo "nvdisasm not found (pip install nvidia-cuda-nvdisasm)"; exit 2; }
+export NVDISASM_PATH=${NVDISASM_PATH:-$(dirname "$nvdisasm")}
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 
 sass() {  # sass TREE FILE ARCH -> normalized SASS on stdout
