@@ -15,7 +15,7 @@
 #include "cpu/kv_rows.h"
 
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
-#error "the CPU backend relies on IEEE NaN and Inf: build it without -ffast-math / -ffinite-math-only"
+#error "the CPU backend relies on IEEE NaN and Inf: build it without -ffast-math"
 #endif
 
 namespace kf::cpu {
