@@ -1,5 +1,6 @@
-// CPU decode through the C API against the float64 reference (SPEC.md section 4 thresholds), on
-// fresh random data with scattered pages, NaN page padding and poisoned outputs.
+// CPU decode through the C API against the float64 reference (docs/spec.md section 4
+// thresholds), on fresh random data with scattered pages, NaN page padding and poisoned outputs.
+#include "core/scheduler.h"
 #include "test_util.h"
 
 using namespace kft;
@@ -206,6 +207,51 @@ TEST(CpuDecodeScale, SoftmaxScaleIsApplied) {
   EXPECT_NEAR(b.lse.ptr<float>()[0], 0.135234 * dot, 1e-4);
   const auto o = out_row(b, 0, 0, 0);
   for (int d = 0; d < 512; ++d) EXPECT_EQ(o[d], b.kv[0][d]) << d;  // one token: o = v exactly
+}
+
+// docs/spec.md section 6: a NaN or Inf in one query row makes that row's out and lse NaN also
+// when its request is split over workers and merged (the merge's maximum must not drop a NaN
+// piece), and leaves every other row's bits as they are.
+TEST(CpuDecodeNonFinite, QueryRowIsNaNAtEveryWorkerCount) {
+  for (const float bad : {NAN, INFINITY, -INFINITY})
+    for (const int workers : {1, 2, 11, 132}) {
+      SCOPED_TRACE("bad " + std::to_string(bad) + ", workers " + std::to_string(workers));
+      auto rng1 = test_rng(workers), rng2 = test_rng(workers);
+      Problem pr = split_problem(rng1);
+      split_problem(rng2);
+      pr.num_workers = workers;
+      pr.seqlens = {300, 2000, 40};  // the long request is split from 2 workers on
+      Built clean = build_problem(pr, rng1), b = build_problem(pr, rng2);
+      // The request with the most pieces, split when there is more than one worker.
+      const int32_t* piece_offset = kf::meta_piece_offset(b.metadata.ptr<int32_t>(), workers);
+      int r = 0;
+      for (int i = 1; i < pr.batch; ++i)
+        if (piece_offset[i + 1] - piece_offset[i] > piece_offset[r + 1] - piece_offset[r]) r = i;
+      if (workers > 1) {
+        ASSERT_GT(piece_offset[r + 1] - piece_offset[r], 1) << "no split request";
+      }
+      const int s = pr.s_q - 1, h = 5, d = 100;
+      b.q_t.ptr<uint16_t>()[((size_t(r) * pr.s_q + s) * pr.h_q + h) * 576 + d] =
+          to_16(bad, pr.bf16);
+      ASSERT_EQ(run_decode(clean), KF_SUCCESS) << kf_last_error();
+      ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
+      for (int rr = 0; rr < pr.batch; ++rr)
+        for (int ss = 0; ss < pr.s_q; ++ss)
+          for (int hh = 0; hh < pr.h_q; ++hh) {
+            const size_t li = (size_t(rr) * pr.h_q + hh) * pr.s_q + ss;
+            const float lse = b.lse.ptr<float>()[li], clean_lse = clean.lse.ptr<float>()[li];
+            const std::vector<double> o = out_row(b, rr, ss, hh);
+            if (rr == r && ss == s && hh == h) {
+              EXPECT_TRUE(std::isnan(lse)) << "lse " << lse;
+              for (int k = 0; k < 512; ++k) ASSERT_TRUE(std::isnan(o[k])) << "out[" << k << "]";
+            } else {
+              const std::string row =
+                  std::to_string(rr) + "," + std::to_string(ss) + "," + std::to_string(hh);
+              ASSERT_EQ(std::memcmp(&lse, &clean_lse, sizeof(float)), 0) << "row " << row;
+              ASSERT_EQ(o, out_row(clean, rr, ss, hh)) << "row " << row;
+            }
+          }
+    }
 }
 
 TEST(CpuDecodeErrorBuffer, StaysClearOnValidInput) {

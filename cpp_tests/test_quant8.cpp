@@ -1,5 +1,6 @@
 // 8-bit caches (KF_KV_FP8_E4M3, KF_KV_INT8) on the CPU: the conversions against brute force, the
-// bytes quantize-on-write puts in a sectioned page, and decode accuracy (SPEC.md sections 2, 4).
+// bytes quantize-on-write puts in a sectioned page (non-finite tokens included), and decode
+// accuracy (docs/spec.md sections 2, 4, 6).
 #include "core/quant.h"
 #include "test_util.h"
 
@@ -38,7 +39,21 @@ int8_t int8_ref(float y) {
   return int8_t(std::max(-127.f, std::min(127.f, r)));
 }
 
-// Expected bytes of one token: latent codes, the bf16 rope, and the scale.
+constexpr uint32_t kScaleNaN = 0x7fc00000u;  // the scale of a latent with a NaN or Inf
+
+float float_of_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Expected bytes of one token: latent codes, the bf16 rope, and the scale. A latent with a NaN
+// or an Inf stores zero codes and the NaN scale (docs/spec.md section 6).
 struct Token8 {
   uint8_t latent[512];
   uint16_t rope[64];
@@ -48,12 +63,16 @@ Token8 quantize_ref(const uint16_t* row, bool bf16, bool e4m3) {
   Token8 t{};
   float x[512];
   float amax = 0;
+  bool finite = true;
   for (int i = 0; i < 512; ++i) {
     x[i] = float(from_16(row[i], bf16));
-    amax = std::max(amax, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+    if (finite) amax = std::max(amax, std::fabs(x[i]));
   }
   const float qmax = e4m3 ? 448.f : 127.f;
-  if (amax > 0) {
+  if (!finite) {
+    t.scale = float_of_bits(kScaleNaN);
+  } else if (amax > 0) {
     const float inv = qmax / amax;
     for (int i = 0; i < 512; ++i)
       t.latent[i] = e4m3 ? e4m3_brute(x[i] * inv) : uint8_t(int8_ref(x[i] * inv));
@@ -129,6 +148,39 @@ TEST(Quant8Convert, LargestMagnitudeMapsToQmax) {
   EXPECT_EQ(int8_t(q[77]), -127);
 }
 
+TEST(Quant8Convert, NonFiniteLatentStoresZeroCodesAndNaNScale) {
+  auto rng = test_rng();
+  std::normal_distribution<float> normal;
+  for (const float bad : {NAN, INFINITY, -INFINITY})
+    for (const int at : {0, 200, 511})
+      for (const bool e4m3 : {true, false}) {
+        float x[512];
+        for (float& v : x) v = normal(rng);
+        x[at] = bad;
+        uint8_t q[512];
+        std::memset(q, 0xab, sizeof(q));
+        EXPECT_EQ(bits_of(kf::quantize_latent(x, e4m3, q)), kScaleNaN) << bad << " at " << at;
+        for (uint8_t v : q) ASSERT_EQ(v, 0) << bad << " at " << at;
+        // Every value of the token decodes to NaN.
+        for (uint8_t v : q)
+          ASSERT_TRUE(std::isnan(kf::dequant_latent_value(v, e4m3, float_of_bits(kScaleNaN))));
+      }
+}
+
+TEST(Quant8Convert, AmaxStepCountsNaNAsInfinityInAnyOrder) {
+  // The GPU reduces per-lane maxima with fmaxf: +Inf must survive any order of the steps.
+  const float vals[] = {1.f, -3.f, NAN, 2.f, -INFINITY, 0.5f};
+  float fwd = 0.f, rev = 0.f;
+  for (float v : vals) fwd = kf::latent_amax_step(fwd, v);
+  for (int i = 5; i >= 0; --i) rev = kf::latent_amax_step(rev, vals[i]);
+  EXPECT_EQ(fwd, INFINITY);
+  EXPECT_EQ(rev, INFINITY);
+  EXPECT_EQ(std::fmax(kf::latent_amax_step(0.f, NAN), 7.f), INFINITY);
+  EXPECT_FALSE(kf::latent_has_codes(INFINITY));
+  EXPECT_FALSE(kf::latent_has_codes(0.f));
+  EXPECT_TRUE(kf::latent_has_codes(1e-30f));
+}
+
 // ---- append: the sectioned page -------------------------------------------------------------
 
 struct Append8Case {
@@ -150,6 +202,11 @@ TEST_P(Append8, WritesTheSectionedPageBytes) {
   for (int i = 0; i < n; ++i)
     for (int d = 0; d < 576; ++d)
       kv.ptr<uint16_t>()[i * 576 + d] = to_16(i == 3 && d < 512 ? 0.f : normal(rng) * (d % 37 == 0 ? 8 : 1), c.bf16);
+  // Non-finite tokens: NaN / +Inf / -Inf in the latent (zero codes, NaN scale), Inf in the rope.
+  kv.ptr<uint16_t>()[4 * 576 + 17] = nan_16(c.bf16);
+  kv.ptr<uint16_t>()[5 * 576 + 511] = to_16(INFINITY, c.bf16);
+  kv.ptr<uint16_t>()[6 * 576 + 0] = to_16(-INFINITY, c.bf16);
+  kv.ptr<uint16_t>()[7 * 576 + 530] = to_16(INFINITY, c.bf16);
   std::vector<int64_t> perm(num_pages * ps);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -227,7 +284,7 @@ TEST_P(Decode8, MatchesReferenceOnTheDequantizedCache) {
   HostTensor cache = append_8bit_cache(b, c.fmt, 0xff);
   ASSERT_EQ(decode_8bit(b, cache, c.fmt), KF_SUCCESS) << kf_last_error();
   b.kv = dequantized(b, cache, c.fmt == KF_KV_FP8_E4M3);
-  expect_matches_reference(b);  // the decode itself: SPEC's 16-bit thresholds
+  expect_matches_reference(b);  // the decode itself: the 16-bit thresholds (docs/spec.md 4)
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -240,8 +297,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Decode8Case{"Int8Fp16QPage64", KF_KV_INT8, false, 3, 2, 16, 64, 600, 9}),
     [](const ::testing::TestParamInfo<Decode8Case>& i) { return std::string(i.param.name); });
 
-// SPEC.md section 4: against the unquantized cache, N(0, 1) data, s_k >= 1024, V2-Lite scale,
-// cosine distance over the whole output below 3e-3 (FP8) and 5e-4 (INT8).
+// docs/spec.md section 4: against the unquantized cache, N(0, 1) data, s_k >= 1024, V2-Lite
+// scale, cosine distance over the whole output below 3e-3 (FP8) and 5e-4 (INT8).
 void check_accuracy(kf_kv_format fmt, double limit) {
   auto rng = test_rng();
   Problem pr;

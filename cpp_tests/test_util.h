@@ -291,8 +291,9 @@ struct Reference {
   std::vector<double> lse;  // [b, h_q, s_q]
 };
 
-// Straight from SPEC.md section 1: per (request, query s, head h), softmax over the positions the
-// query sees (causal: < len - s_q + s + 1), values are the first 512 dims of the cache row.
+// Straight from docs/spec.md section 1: per (request, query s, head h), softmax over the
+// positions the query sees (causal: 0 .. len - s_q + s), values are the first 512 dims of the
+// cache row.
 inline Reference reference_decode(const Built& b) {
   const Problem& pr = b.pr;
   const int D = KF_MLA_HEAD_DIM, V = KF_MLA_LATENT_DIM;
@@ -342,7 +343,8 @@ inline double cosine_distance(const std::vector<double>& x, const double* y, int
   return 1.0 - 2.0 * xy / (xx + yy);
 }
 
-// Checks out/lse of a finished decode against the float64 reference with SPEC.md's thresholds.
+// Checks out/lse of a finished decode against the float64 reference with the thresholds of
+// docs/spec.md section 4.
 inline void expect_matches_reference(Built& b, double max_cos = 1e-5, double max_lse = 1e-4) {
   const Reference ref = reference_decode(b);
   const Problem& pr = b.pr;

@@ -11,20 +11,20 @@
 
 namespace kf {
 
-KF_HD uint32_t float_bits(float f) {
+KF_HD inline uint32_t float_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));
   return u;
 }
-KF_HD float bits_float(uint32_t u) {
+KF_HD inline float bits_float(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof(f));
   return f;
 }
 
-KF_HD float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
+KF_HD inline float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
 
-KF_HD uint16_t float_to_bf16(float f) {
+KF_HD inline uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
   // Rounding a NaN payload could carry into the exponent and make it Inf: return a quiet NaN.
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
@@ -32,7 +32,7 @@ KF_HD uint16_t float_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
-KF_HD float half_to_float(uint16_t h) {
+KF_HD inline float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1fu;
   const uint32_t m = h & 0x3ffu;
@@ -44,7 +44,7 @@ KF_HD float half_to_float(uint16_t h) {
   return bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-KF_HD uint16_t float_to_half(float f) {
+KF_HD inline uint16_t float_to_half(float f) {
   const uint32_t x = float_bits(f);
   const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   const uint32_t ax = x & 0x7fffffffu;
@@ -67,10 +67,10 @@ KF_HD uint16_t float_to_half(float f) {
 }
 
 // 16-bit storage of a DType (bf16 or fp16) to and from fp32.
-KF_HD float load_16(uint16_t h, DType t) {
+KF_HD inline float load_16(uint16_t h, DType t) {
   return t == DType::kBF16 ? bf16_to_float(h) : half_to_float(h);
 }
-KF_HD uint16_t store_16(float f, DType t) {
+KF_HD inline uint16_t store_16(float f, DType t) {
   return t == DType::kBF16 ? float_to_bf16(f) : float_to_half(f);
 }
 

@@ -22,12 +22,16 @@ constexpr int kKv8RopeBytes = kRopeDim * 2;  // per token, bf16
 constexpr int kKv8ScaleBytes = 4;            // per token, fp32
 constexpr int kKv8PageMultiple = 16;         // page sizes of 8-bit caches
 
-KF_HD int64_t kv8_page_bytes(int page_size) { return int64_t(page_size) * kBytesPerToken8bit; }
-KF_HD int64_t kv8_latent_offset(int /*page_size*/, int t) { return int64_t(t) * kKv8LatentBytes; }
-KF_HD int64_t kv8_rope_offset(int page_size, int t) {
+KF_HD inline int64_t kv8_page_bytes(int page_size) {
+  return int64_t(page_size) * kBytesPerToken8bit;
+}
+KF_HD inline int64_t kv8_latent_offset(int /*page_size*/, int t) {
+  return int64_t(t) * kKv8LatentBytes;
+}
+KF_HD inline int64_t kv8_rope_offset(int page_size, int t) {
   return int64_t(page_size) * kKv8LatentBytes + int64_t(t) * kKv8RopeBytes;
 }
-KF_HD int64_t kv8_scale_offset(int page_size, int t) {
+KF_HD inline int64_t kv8_scale_offset(int page_size, int t) {
   return int64_t(page_size) * (kKv8LatentBytes + kKv8RopeBytes) + int64_t(t) * kKv8ScaleBytes;
 }
 

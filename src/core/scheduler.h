@@ -3,7 +3,8 @@
 //
 // Model. Request r costs seg_len(r) = tiles(r) + F units, tiles(r) = ceil(len / 64): the fixed
 // part F stands for what a piece costs besides its KV tiles (loading q, the epilogue, a combine
-// input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata. Lay all requests on one line of T = sum seg_len units and cut it at
+// input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata.
+// Lay all requests on one line of T = sum seg_len units and cut it at
 // c_w = floor(w * T / W) for w = 1 .. W-1. A cut inside request r's fixed part moves back to the
 // request's start (the whole request goes to the later worker); a cut inside its tiles splits it
 // there. Worker w owns the line from its start to the next worker's start, so every tile is
@@ -31,21 +32,19 @@
 namespace kf {
 
 constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at multiples of it
-// A piece's fixed cost F in tiles, by cache format. Measured on the H200 (decode + combine,
-// research/perf/NOTES.md): for 16-bit caches 1 instead of 5 (FlashMLA's figure) is 9% faster
-// at b = 8 (h_q 16 and 128), 3% at b = 32 and 1-2% at b = 64..128; 0 or 2 are slower at b = 1.
-// 8-bit caches used 5 while their epilogue cost ~4 us per piece; since it costs ~1 us, 1 is
-// best for them too (seventh session: FP8 b = 64 / 128 at s_k 4096 4-5% faster, b = 8 10%,
-// s_k 16K-64K within 1%). The formats keep separate constants: the split is a per-format
-// choice recorded in the metadata, and may differ on other GPUs.
+// A piece's fixed cost F in tiles, by cache format: what starting a piece costs besides its KV
+// tiles. 1 is the fastest value measured on the H200 for decode + combine with either kind of
+// cache (docs/optimization.md): 0 and 2 are slower at b = 1, FlashMLA's 5 at b = 8 to 128. The
+// formats keep separate constants: the split is a per-format choice recorded in the metadata,
+// and may differ on other GPUs.
 constexpr int kFixedCost16 = 1;
 constexpr int kFixedCost8 = 1;
 constexpr int kMaxFixedCost = 64;  // what a metadata header may record
-KF_HD int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 : kFixedCost16; }
+KF_HD inline int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 : kFixedCost16; }
 constexpr int kMetaHeaderLen = 16;
 constexpr int kMetaWorkerLen = 8;
 constexpr int32_t kMetaMagic = 0x4B464D44;  // "KFMD"
-constexpr int32_t kMetaVersion = 2;  // 2: the header records the fixed cost
+constexpr int32_t kMetaVersion = 2;  // the layout below, with the fixed cost in the header
 
 enum MetaHeader {
   kMetaMagicIdx = 0,
@@ -60,22 +59,24 @@ enum MetaHeader {
 };
 enum MetaWorker { kWStartReq = 0, kWStartTile, kWEndReq, kWEndTile, kWFirstPiece };
 
-KF_HD int64_t metadata_size(int batch, int num_workers) {
+KF_HD inline int64_t metadata_size(int batch, int num_workers) {
   return kMetaHeaderLen + int64_t(num_workers) * kMetaWorkerLen + batch + 1;
 }
-KF_HD int32_t* meta_worker(int32_t* meta, int w) { return meta + kMetaHeaderLen + w * kMetaWorkerLen; }
-KF_HD const int32_t* meta_worker(const int32_t* meta, int w) {
+KF_HD inline int32_t* meta_worker(int32_t* meta, int w) {
   return meta + kMetaHeaderLen + w * kMetaWorkerLen;
 }
-KF_HD const int32_t* meta_piece_offset(const int32_t* meta, int num_workers) {
+KF_HD inline const int32_t* meta_worker(const int32_t* meta, int w) {
+  return meta + kMetaHeaderLen + w * kMetaWorkerLen;
+}
+KF_HD inline const int32_t* meta_piece_offset(const int32_t* meta, int num_workers) {
   return meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
 }
 // Most pieces a batch can be split into: one per request plus one per cut.
-KF_HD int64_t max_pieces(int batch, int num_workers) { return int64_t(batch) + num_workers; }
+KF_HD inline int64_t max_pieces(int batch, int num_workers) { return int64_t(batch) + num_workers; }
 
 // Tiles of a request; the caller clamps the length to what the block table can address.
 // In 64 bits: a length near INT32_MAX (a bad device-side value) must not wrap.
-KF_HD int sched_tiles(int seqlen) {
+KF_HD inline int sched_tiles(int seqlen) {
   return seqlen <= 0 ? 0 : int((int64_t(seqlen) + kSchedBlockN - 1) / kSchedBlockN);
 }
 
@@ -91,9 +92,11 @@ KF_HD int sched_tiles(int seqlen) {
 struct SchedCut {
   int req, tile;
 };
-KF_HD int64_t sched_seg_len(int seqlen, int fixed_cost) { return sched_tiles(seqlen) + fixed_cost; }
-KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers, int fixed_cost,
-                            int w) {
+KF_HD inline int64_t sched_seg_len(int seqlen, int fixed_cost) {
+  return sched_tiles(seqlen) + fixed_cost;
+}
+KF_HD inline SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers,
+                                   int fixed_cost, int w) {
   if (w <= 0) return {0, 0};
   if (w >= num_workers) return {batch, 0};
   const int64_t total = seg_prefix[batch];
@@ -109,10 +112,11 @@ KF_HD SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_worker
   const int64_t o = c - seg_prefix[lo];
   return {lo, (lo < batch && o > fixed_cost) ? int(o - fixed_cost) : 0};
 }
-KF_HD bool schedule_boundary(SchedCut prev, SchedCut cut) {
+KF_HD inline bool schedule_boundary(SchedCut prev, SchedCut cut) {
   return cut.tile > 0 && (cut.req != prev.req || cut.tile != prev.tile);
 }
-KF_HD void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedCut end, int first_piece) {
+KF_HD inline void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedCut end,
+                                   int first_piece) {
   int32_t* wk = meta_worker(meta, w);
   wk[kWStartReq] = start.req;
   wk[kWStartTile] = start.tile;
@@ -121,8 +125,8 @@ KF_HD void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedCut end,
   wk[kWFirstPiece] = first_piece;
   for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
 }
-KF_HD void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num_workers,
-                             int total_pieces, int fixed_cost) {
+KF_HD inline void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num_workers,
+                                   int total_pieces, int fixed_cost) {
   meta[kMetaMagicIdx] = kMetaMagic;
   meta[kMetaVersionIdx] = kMetaVersion;
   meta[kMetaBatchIdx] = batch;
@@ -136,10 +140,12 @@ KF_HD void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num
 }
 
 // Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
-// does not see the block table; decode clamps each piece to what the block table addresses). Sequential, O(batch +
-// num_workers): the GPU runs it in one thread over shared memory (see cuda/sched/).
-KF_HD void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q, int num_workers,
-                          int fixed_cost, int32_t* meta) {
+// does not see the block table; decode clamps each piece to what the block table addresses).
+// Sequential, O(batch + num_workers). The GPU's metadata kernel computes the same values in
+// parallel from the closed form above, and runs this walk for batches too large for its shared
+// memory (cuda/sched/).
+KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q,
+                                 int num_workers, int fixed_cost, int32_t* meta) {
   int64_t total = 0;
   for (int r = 0; r < batch; ++r) total += sched_seg_len(seqlens[r], fixed_cost);
 
@@ -231,7 +237,7 @@ struct Piece {
 // Iterate the pieces of worker w: call f(Piece) for each, in order. seqlens are the clamped
 // lengths, clamped to >= 0 as for build_schedule.
 template <typename SeqlenFn, typename F>
-KF_HD void for_each_piece(const int32_t* meta, int w, SeqlenFn seqlen_of, F&& f) {
+KF_HD inline void for_each_piece(const int32_t* meta, int w, SeqlenFn seqlen_of, F&& f) {
   const int num_workers = meta[kMetaWorkersIdx];
   const int batch = meta[kMetaBatchIdx];
   const int32_t* wk = meta_worker(meta, w);

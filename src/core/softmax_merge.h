@@ -8,13 +8,19 @@
 
 namespace kf {
 
+// max that returns NaN when either argument is NaN (fmaxf drops a NaN operand): a non-finite
+// piece must make the merged row NaN, not vanish from it.
+KF_HD inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
+
 // Pieces carry (o_k, lse_k) with o_k already normalized by its own sum. The merged row is
 // sum_k w_k o_k with w_k = exp(lse_k - lse), lse = log sum_k exp(lse_k). An empty piece has
-// lse_k = -inf and weight 0; if every piece is empty the row is 0 and lse = -inf.
-KF_HD float merged_lse(float max_lse, float sum_exp) {
+// lse_k = -inf and weight 0; if every piece is empty the row is 0 and lse = -inf. A NaN lse_k
+// (a piece that met a NaN or Inf, docs/spec.md section 6) makes the maximum, the merged lse and
+// every weight NaN, so the merged row is NaN.
+KF_HD inline float merged_lse(float max_lse, float sum_exp) {
   return (sum_exp == 0.f || max_lse == -INFINITY) ? -INFINITY : max_lse + logf(sum_exp);
 }
-KF_HD float piece_weight(float lse_k, float lse) {
+KF_HD inline float piece_weight(float lse_k, float lse) {
   return lse == -INFINITY ? 0.f : expf(lse_k - lse);
 }
 

@@ -2,6 +2,8 @@
 // pieces (a request's token range) tile by tile with an online softmax; a request with one piece
 // writes out/lse directly, other pieces write normalized partials (o_accum, lse_accum) that a
 // combine merges in piece order with core/softmax_merge.h. Rows are q's memory order (s, h).
+// Non-finite values follow docs/spec.md section 6: a NaN or Inf that a row sees makes the row's
+// out and lse NaN at every worker count; that needs IEEE arithmetic, hence the check below.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,6 +13,10 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_util.h"
 #include "cpu/kv_rows.h"
+
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+#error "the CPU backend relies on IEEE NaN and Inf: build it without -ffast-math"
+#endif
 
 namespace kf::cpu {
 namespace {
@@ -24,6 +30,10 @@ inline float dot_head(const float* a, const float* b) {
     for (int k = 0; k < s; ++k) acc[k] += acc[k + s];
   return acc[0];
 }
+
+// A finite score unchanged, +-Inf (and NaN) as NaN: an infinite score would otherwise become a
+// weight of 0 or an exp(inf - inf) depending on the other scores; as NaN it poisons the row.
+inline float nan_if_infinite(float s) { return s + (s - s); }
 
 struct Scratch {
   std::vector<float> q;      // [rows, 576]
@@ -66,11 +76,11 @@ void decode_piece(const MlaDecodeParams& p, const Piece& pc, int seqlen, Scratch
       const float* qi = &s.q[size_t(i) * kHeadDim];
       float mx = s.m[i];
       for (int j = 0; j < nv; ++j) {
-        s.score[j] = p.softmax_scale * dot_head(qi, &s.kv[size_t(j) * kHeadDim]);
-        mx = std::max(mx, s.score[j]);
+        s.score[j] = nan_if_infinite(p.softmax_scale * dot_head(qi, &s.kv[size_t(j) * kHeadDim]));
+        mx = nan_max(mx, s.score[j]);
       }
       float* acc = &s.acc[size_t(i) * kLatentDim];
-      const float corr = expf(s.m[i] - mx);  // 0 on the first visible tile (m = -inf)
+      const float corr = expf(s.m[i] - mx);  // 0 on the first visible tile (m = -inf, mx not)
       float l = s.l[i] * corr;
       for (int d = 0; d < kLatentDim; ++d) acc[d] *= corr;
       for (int j = 0; j < nv; ++j) {
@@ -86,7 +96,7 @@ void decode_piece(const MlaDecodeParams& p, const Piece& pc, int seqlen, Scratch
 
   for (int i = 0; i < rows; ++i) {
     const int sq = i / p.h_q, h = i % p.h_q;
-    const bool empty = s.l[i] == 0.f;  // the row saw no position
+    const bool empty = s.l[i] == 0.f;  // the row saw no position (a NaN l is not empty)
     const float inv = empty ? 0.f : 1.f / s.l[i];
     const float lse = empty ? -INFINITY : s.m[i] + logf(s.l[i]);
     const float* acc = &s.acc[size_t(i) * kLatentDim];
@@ -108,10 +118,12 @@ void combine_request(const MlaDecodeParams& p, int r, int first, int last, std::
   const int rows = p.num_rows;
   for (int i = 0; i < rows; ++i) {
     float max_lse = -INFINITY;
-    for (int k = first; k < last; ++k) max_lse = std::max(max_lse, p.lse_accum[int64_t(k) * rows + i]);
+    for (int k = first; k < last; ++k)
+      max_lse = nan_max(max_lse, p.lse_accum[int64_t(k) * rows + i]);
     float sum_exp = 0.f;
     if (max_lse != -INFINITY)
-      for (int k = first; k < last; ++k) sum_exp += expf(p.lse_accum[int64_t(k) * rows + i] - max_lse);
+      for (int k = first; k < last; ++k)
+        sum_exp += expf(p.lse_accum[int64_t(k) * rows + i] - max_lse);
     const float lse = merged_lse(max_lse, sum_exp);
     std::fill(o.begin(), o.end(), 0.f);
     for (int k = first; k < last; ++k) {
