@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
-from mla_ref import HEAD, LATENT, make_case
+from inputs import HEAD, LATENT, make_case
 
 
 @pytest.fixture
