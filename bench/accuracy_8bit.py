@@ -121,7 +121,8 @@ def main() -> int:
         name = "N(0,1) (gated)" if gated else "8 channels x20"
         print(f"| {name} | {fmt} | {s_k} | {np.mean(w):.2e} | {max(w):.2e} | {bound} | "
               f"{max(r):.2e} |")
-    print(f"\n{'all gated setups within the docs/spec.md bounds' if not fails else f'{fails} FAILED'}")
+    verdict = "all gated setups within the docs/spec.md bounds" if not fails else f"{fails} FAILED"
+    print(f"\n{verdict}")
     return 1 if fails else 0
 
 

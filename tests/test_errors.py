@@ -328,7 +328,8 @@ def test_integer_arguments_are_range_checked_by_name(case, fn, name):
 def test_float32_workspace_is_a_dtype_error(case):
     meta = kf.get_mla_metadata(case.seqlens, 16, 1, num_workers=4)
     nbytes = kf.workspace_size(2, 16, 1, 4)
-    for ws in (np.zeros(nbytes // 4 + 64, np.float32), aligned_empty(nbytes + 256).view(np.float32)):
+    aligned = aligned_empty(nbytes + 256).view(np.float32)  # 256-byte aligned: not the problem
+    for ws in (np.zeros(nbytes // 4 + 64, np.float32), aligned):
         msg = raised(ValueError, call, case, metadata=meta, workspace=ws)
         assert msg.startswith("workspace: expected dtype uint8") and "float32" in msg, msg
 

@@ -1,8 +1,8 @@
 """Property-based tests (hypothesis) of the CPU backend against the float64 reference
-(kernelflow.reference): shapes, lengths, page sizes (powers of two), cache formats (bf16, fp16, fp8_e4m3,
-int8), s_q 1..4, worker counts, garbage in unused block-table columns and NaN in page padding.
-Bad device-side contents on the CPU are rejected with a ValueError naming the value, before
-anything is written. Small shapes: the whole file runs in well under a minute on two cores.
+(kernelflow.reference): shapes, lengths, page sizes (powers of two), cache formats (bf16, fp16,
+fp8_e4m3, int8), s_q 1..4, worker counts, garbage in unused block-table columns and NaN in page
+padding. Bad device-side contents on the CPU are rejected with a ValueError naming the value,
+before anything is written. Small shapes: the whole file runs in well under a minute on two cores.
 """
 
 from __future__ import annotations
