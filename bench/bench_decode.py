@@ -8,12 +8,15 @@ page 64, every request at length s_k:
     calls, one per copy, and is replayed; time per call = median replay time (CUDA events) / C;
   - a "call" is the decode and its combine (kernelflow.mla_decode, or Triton stage 1 + stage 2);
     kernelflow's metadata is computed once per step and timed on its own (same method);
-  - each kernel's output on copy 0 is checked once, before timing, against a float64 reference
-    (worst-row cosine distance < 1e-5, lse within 1e-4: SPEC.md section 4) and the result printed;
+  - each kernel's output on copy 0 is checked once, before timing, against the float64 reference
+    kernelflow.reference (worst-row cosine distance < 1e-5, lse within 1e-4: docs/spec.md
+    section 4) and the result printed;
   - GB/s = (b*s_k*1152 + q bytes + o bytes) / time; TFLOPS = 2*b*h_q*s_k*(576+512) / time; both as
-    fractions of the peaks measured by peaks.py in this run (or SPEC.md's with --peaks-from-spec);
-  - FlashMLA runs if `import flash_mla` works; otherwise SPEC.md's H200 figures are shown, labelled
-    "FlashMLA (SPEC, not this run)" (bench/anchors/h200-flashmla-torch-2026-11-30.json).
+    fractions of the peaks measured by peaks.py in this run (or docs/spec.md's with
+    --peaks-from-spec);
+  - FlashMLA runs if `import flash_mla` works; otherwise docs/spec.md's H200 figures are shown,
+    labelled "FlashMLA (docs/spec.md, not this run)"
+    (bench/anchors/h200-flashmla-torch-2026-11-30.json).
 
     python3 bench/bench_decode.py --quick --json $OUT/bench.json
     python3 bench/bench_decode.py --h-q 16 --batch 64 128 --s-k 4096
@@ -23,7 +26,8 @@ page 64, every request at length s_k:
 converted with kernelflow.convert_cache and every format is timed in the same run at equal shapes;
 bytes = b*s_k*644 for the 8-bit formats (+ q and o); the table gives each format's time, GB/s,
 fraction of the read peak and speedup over bf16; each 8-bit output is checked against the float64
-reference on the unquantized cache (whole-output cosine distance, SPEC.md 4: 3e-3 fp8, 5e-4 int8).
+reference on the unquantized cache (whole-output cosine distance, docs/spec.md section 4: 3e-3
+fp8, 5e-4 int8).
 --sk-sweep runs s_k 1K..64K at h_q = 16, b = 64 (with --formats, or all three formats).
 
     python3 bench/bench_decode.py --formats bf16 fp8_e4m3 int8 --h-q 16 --batch 64 128 --s-k 4096
@@ -46,14 +50,13 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 from baselines import torch_mla, triton_mla  # noqa: E402
+from kernelflow import reference as kf_ref  # noqa: E402
 
-SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (SPEC.md section 1)
+SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (docs/spec.md section 1)
 DEVICE = "cuda"
 BYTES_PER_TOKEN = 1152
 FORMAT_BYTES = {"bf16": 1152, "fp8_e4m3": 644, "int8": 644}
-FORMAT_COS_BOUND = {"fp8_e4m3": 3e-3, "int8": 5e-4}  # SPEC.md 4, whole output vs unquantized
 ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
-SPEC_MMA_TFLOPS = 639.0
 
 
 def parse_args():
@@ -70,8 +73,8 @@ def parse_args():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--peaks-from-spec", action="store_true",
-                    help="use SPEC.md's H200 peaks instead of measuring them")
-    ap.add_argument("--peaks-json", help="use the peaks an earlier `peaks.py --json` run wrote")
+                    help="use docs/spec.md's H200 peaks instead of measuring them")
+    ap.add_argument("--peaks-json", help="use the peaks that a `peaks.py --json` run wrote")
     ap.add_argument("--tune", choices=["quick", "full"], default=None,
                     help="Triton search space (default: full, quick with --quick)")
     ap.add_argument("--replays", type=int, default=None, help="graph replays timed (default 30)")
@@ -182,8 +185,8 @@ class Problem:
 
     def ref(self):
         if self._ref is None:
-            self._ref = torch_mla.mla_decode_ref64(self.qs[0], self.kv, self.block_tables[0],
-                                                   self.seqlens, SCALE)
+            self._ref = torch_mla.reference(self.qs[0], self.kv, self.block_tables[0],
+                                            self.seqlens, SCALE)
         return self._ref
 
     def free(self):
@@ -383,13 +386,13 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                 if q8:
                     if ref is None:
                         ref = p.ref()
-                    x = runner.out.double().reshape(-1)
-                    y = ref[0].double().reshape(-1)
-                    cos = float(1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum()))
-                    ok = cos < FORMAT_COS_BOUND[fmt]
+                    cos = float(kf_ref.cosine_distance(runner.out.double().cpu().numpy(), ref[0],
+                                                       axis=None))
+                    bound = kf_ref.MAX_WHOLE_COS_DIST_8BIT[fmt]
+                    ok = cos < bound
                     row["check"] = {"ok": ok, "whole_output_cos_dist": cos}
                     log(f"  check {fmt:9s}: {'PASS' if ok else 'FAIL'} whole-output cos "
-                        f"dist {cos:.2e} (bound {FORMAT_COS_BOUND[fmt]:.0e})")
+                        f"dist {cos:.2e} (bound {bound:.0e})")
                 else:
                     row["check"] = torch_mla.check(runner.out, runner.lse, *p.ref())
                     ref = p.ref()
@@ -467,7 +470,7 @@ def get_peaks(args):
             log(f"(peaks measured in {time.time() - t0:.1f}s)")
             return res
         except Exception as e:  # noqa: BLE001
-            log(f"peaks.py failed ({short_err(e)}); falling back to SPEC.md's peaks")
+            log(f"peaks.py failed ({short_err(e)}); falling back to docs/spec.md's peaks")
     import peaks
     return {"read_GBps": peaks.SPEC_PEAKS["read_GBps"],
             "mma_sync_bf16_TFLOPS": peaks.SPEC_PEAKS["mma_sync_bf16_TFLOPS"],
@@ -531,7 +534,7 @@ def main() -> int:
             runners.append(FlashMLARunner(flash_mla))
             flashmla_measured = True
         except Exception as e:  # noqa: BLE001
-            log(f"flash_mla not importable ({short_err(e)}): showing FlashMLA (SPEC, not this run)")
+            log(f"flash_mla not importable ({short_err(e)}): showing FlashMLA (docs/spec.md, not this run)")
     spec_fm = load_spec_flashmla()
 
     rows = []
@@ -577,10 +580,10 @@ def main() -> int:
         if not flashmla_measured and fm is not None:
             frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k,
                     "page": 64, "dtype": "bf16",
-                    "note": "FlashMLA (SPEC, not this run)", **perf(p, fm["us_graph"], pk)}
+                    "note": "FlashMLA (docs/spec.md, not this run)", **perf(p, fm["us_graph"], pk)}
             res["flashmla_spec"] = frow
             rows.append(frow)
-            log(f"  {'FlashMLA (SPEC, not this run)':16s}: {fmt_perf(frow)}")
+            log(f"  {'FlashMLA (docs/spec.md, not this run)':16s}: {fmt_perf(frow)}")
         ratios = {}
         for main_k in ("kernelflow", "triton"):
             for other in ("triton", "torch", "flashmla", "flashmla_spec"):
@@ -597,11 +600,11 @@ def main() -> int:
     def cell(res, k, key="us", fmtx="{:.1f}"):
         return fmtx.format(res[k][key]) if k in res and key in res[k] else "-"
 
-    fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (SPEC, not this run)"
+    fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (docs/spec.md, not this run)"
     fm_key = "flashmla" if flashmla_measured else "flashmla_spec"
     log("\n## MLA decode, " + f"{props.name}, {args.dtype}, page {args.page}, s_q 1, "
         f"peaks: read {pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS "
-        f"({'measured' if 'measured' in pk['source'] else 'SPEC'})\n")
+        f"({'measured' if 'measured' in pk['source'] else 'docs/spec.md'})\n")
     log(f"| h_q | b | s_k | KF us | KF GB/s | KF TFLOPS | KF %read | KF %mma | Triton us | "
         f"Triton GB/s | Triton TFLOPS | torch us | {fm_label} | KF/Triton | KF/torch | "
         f"KF/FlashMLA | Triton/torch | Triton/FlashMLA |")

@@ -26,9 +26,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCH = "sm_90"
 
-# SPEC.md section 5 (H200, 2026-11-30), for --peaks-from-spec and for comparison.
+# docs/spec.md section 5 (H200, 2026-11-30), for --peaks-from-spec and for comparison.
 SPEC_PEAKS = {"read_GBps": 4429.1, "mma_sync_bf16_TFLOPS": 639.0, "bf16_mm_TFLOPS": 740.8,
-              "source": "SPEC.md section 5 (H200, 2026-11-30), not this run"}
+              "source": "docs/spec.md section 5 (H200, 2026-11-30), not this run"}
 
 
 def _nvcc() -> str | None:
@@ -137,9 +137,10 @@ def measure_peaks(verbose: bool = True, read_gib: float = 4.5) -> dict:
            "mma_sync_bf16_TFLOPS": mma["TFLOPS"], "read": rd, "mma_sync": mma,
            "source": "measured in this run (bench/peaks.py)"}
     if verbose:
-        print(f"PEAK read {res['read_GBps']:.1f} GB/s (SPEC {SPEC_PEAKS['read_GBps']}), "
+        print(f"PEAK read {res['read_GBps']:.1f} GB/s "
+              f"(docs/spec.md {SPEC_PEAKS['read_GBps']}), "
               f"mma.sync bf16 {res['mma_sync_bf16_TFLOPS']:.1f} TFLOPS "
-              f"(SPEC {SPEC_PEAKS['mma_sync_bf16_TFLOPS']})")
+              f"(docs/spec.md {SPEC_PEAKS['mma_sync_bf16_TFLOPS']})")
     return res
 
 

@@ -1,4 +1,5 @@
-"""CPU backend decode through the Python API against the tests' float64 reference."""
+"""CPU backend decode through the Python API against the float64 reference
+(kernelflow.reference)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
-from mla_ref import (LATENT, aligned_empty, bits, check_decode, make_case, numpy_dtype,
+from inputs import (LATENT, aligned_empty, bits, check_decode, make_case, numpy_dtype,
                      poisoned)
 
 DTYPES = ["float16", "bfloat16"]

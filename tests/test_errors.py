@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import kernelflow as kf
-from mla_ref import HEAD, LATENT, make_case
+from inputs import HEAD, LATENT, aligned_empty, make_case
 
 
 @pytest.fixture
@@ -48,8 +50,7 @@ def test_valid_call_passes(case):
      .astype(np.int64), "metadata"),
 ])
 def test_bad_tensor_raises_value_error(case, name, make, match):
-    with pytest.raises(ValueError, match=match):
-        call(case, **{name: make(case)})
+    assert re.search(match, raised(ValueError, call, case, **{name: make(case)}))
 
 
 def test_cache_dtype_must_match_q(case):
@@ -68,8 +69,7 @@ def test_cache_dtype_must_match_q(case):
     ("workspace", lambda c: np.zeros(64, np.uint8), "workspace"),
 ])
 def test_bad_output_raises_value_error(case, name, make, match):
-    with pytest.raises(ValueError, match=match):
-        call(case, **{name: make(case)})
+    assert re.search(match, raised(ValueError, call, case, **{name: make(case)}))
 
 
 def test_wrong_metadata_size_is_named(case):
@@ -214,3 +214,133 @@ def test_last_error_is_cleared_by_success(case):
     assert "q" in kf._C.last_error()
     call(case)
     assert kf._C.last_error() == ""
+
+
+# ---- messages in Python terms ------------------------------------------------------------------
+
+C_NAMES = re.compile(r"\bkf_\w+|\bKF_\w+|\b(src_cache|dst_cache|dst_format|device_id)\b")
+
+
+def raised(exc, fn, *args, **kwargs) -> str:
+    """The message of the `exc` that fn raises, checked free of the C API's names."""
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    assert not C_NAMES.search(msg), f"a C name in a Python error: {msg}"
+    return msg
+
+
+def test_metadata_messages_name_get_mla_metadata(case):
+    stale = kf.get_mla_metadata(case.seqlens + 64, 16, 1, num_workers=4)
+    msg = raised(ValueError, call, case, metadata=stale)
+    assert msg.startswith("metadata:") and "get_mla_metadata" in msg
+    meta = kf.get_mla_metadata(case.seqlens, 16, 1, num_workers=4)
+    ws = kf.new_workspace(case.q, meta)
+    msg = raised(ValueError, call, case, metadata=np.zeros_like(meta), workspace=ws)
+    assert msg.startswith("metadata:") and "made by get_mla_metadata" in msg
+    msg = raised(ValueError, call, case, metadata=meta[:-1], workspace=ws)
+    assert msg.startswith("metadata:") and "metadata_size(batch=2" in msg
+
+
+def test_workspace_size_message_names_workspace_size(case):
+    msg = raised(ValueError, call, case, workspace=np.zeros(64, np.uint8))
+    assert msg.startswith("workspace:") and "workspace_size(batch=2, h_q=16" in msg
+
+
+def test_formats_are_named_as_in_python(case):
+    msg = raised(ValueError, call, case, kv_format="bf16")  # an fp16 cache declared bf16
+    assert msg.startswith("kv_format: 'bf16'"), msg
+    msg = raised(ValueError, kf.cache_bytes_per_page, "int8", 8)
+    assert "'int8'" in msg and msg.startswith("page_size:"), msg
+    msg = raised(ValueError, call, case, kv_cache=np.zeros((4, 16, 644), np.int8),
+                 kv_format="fp8_e4m3")
+    assert msg.startswith("kv_cache:") and "'fp8_e4m3'" in msg, msg
+
+
+def test_convert_cache_names_src_and_dst():
+    src = np.zeros((3, 16, HEAD), np.float16)
+    msg = raised(ValueError, kf.convert_cache, src, np.zeros((3, 16, 644), np.int8),
+                 kv_format="int8")
+    assert msg.startswith("dst: expected dtype uint8 for kv_format 'int8'"), msg
+    msg = raised(ValueError, kf.convert_cache, src, np.zeros((2, 16, 644), np.uint8),
+                 kv_format="int8")
+    assert msg.startswith("dst:") and "(of src)" in msg, msg
+    msg = raised(ValueError, kf.convert_cache, np.zeros((3, 16, HEAD), np.float32),
+                 kv_format="int8")
+    assert msg.startswith("src:"), msg
+    assert raised(TypeError, kf.convert_cache, src, "dst", kv_format="int8").startswith("dst:")
+    assert raised(TypeError, kf.convert_cache, [1.0], kv_format="int8").startswith("src:")
+
+
+def test_q_batch_is_checked_against_cache_seqlens(case):
+    """A q for another batch is named as such, not blamed on the metadata's length."""
+    msg = raised(ValueError, call, case, q=case.q[:1])
+    assert msg.startswith("q: expected shape[0] (batch) = 2") and "cache_seqlens" in msg, msg
+
+
+def test_q_heads_and_s_q_are_checked_against_the_metadata(case):
+    """q laid out [b, h_q, s_q, 576] by mistake: the message names q and its layout, and what
+    the metadata was made for."""
+    swapped = np.ascontiguousarray(case.q.transpose(0, 2, 1, 3))  # [2, 16, 1, 576]
+    msg = raised(ValueError, call, case, q=swapped)
+    assert msg.startswith("q: shape (2, 16, 1, 576) has s_q = 16, h_q = 1"), msg
+    assert "[b, s_q, h_q, 576]" in msg and "num_heads_q = 16, s_q = 1" in msg, msg
+    msg = raised(ValueError, kf.mla_decode, swapped, case.cache, case.block_table,
+                 case.seqlens, kf.get_mla_metadata(case.seqlens, 1, 16), case.scale,
+                 out=np.zeros((2, 1, 16, LATENT), np.float16))
+    assert msg.startswith("out:"), msg  # metadata made for the swapped shape: out is checked
+
+
+@pytest.mark.parametrize("fn,name", [
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 1, num_workers=2**31), "num_workers"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 1, num_workers=2**40), "num_workers"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 1, num_workers=100_000), "num_workers"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 1, num_workers=-3), "num_workers"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 2**31, 1), "num_heads_q"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 129, 1), "num_heads_q"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 2**31), "s_q"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 17), "s_q"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, 0), "s_q"),
+    (lambda c: kf.get_mla_metadata(c.seqlens[:0], 16, 1), "cache_seqlens"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, stream=2**64), "stream"),
+    (lambda c: kf.get_mla_metadata(c.seqlens, 16, stream=-1), "stream"),
+    (lambda c: kf.default_num_workers(2**31, 16), "device"),
+    (lambda c: kf.default_num_workers(-2, 16), "device"),
+    (lambda c: kf.default_num_workers(f"cuda:{2**40}", 16), "device"),
+    (lambda c: kf.default_num_workers("cpu", 2**31), "h_q"),
+    (lambda c: kf.default_num_workers("cpu", 16, 2**63), "s_q"),
+    (lambda c: kf.metadata_size(2**31, 4), "batch"),
+    (lambda c: kf.metadata_size(2, 2**31), "num_workers"),
+    (lambda c: kf.workspace_size(2, 16, 1, 2**32), "num_workers"),
+    (lambda c: kf.workspace_size(0, 16, 1, 4), "batch"),
+    (lambda c: kf.workspace_size(2, 16, 99, 4), "s_q"),
+    (lambda c: kf.cache_bytes_per_page("bf16", 2**40), "page_size"),
+    (lambda c: kf.cache_bytes_per_page("bf16", 0), "page_size"),
+    (lambda c: call(c, stream=2**64), "stream"),
+])
+def test_integer_arguments_are_range_checked_by_name(case, fn, name):
+    """Out-of-range integers raise a ValueError naming the argument, never the binding's
+    "incompatible function arguments"."""
+    msg = raised(ValueError, fn, case)
+    assert msg.startswith(f"{name}:"), msg
+
+
+def test_float32_workspace_is_a_dtype_error(case):
+    meta = kf.get_mla_metadata(case.seqlens, 16, 1, num_workers=4)
+    nbytes = kf.workspace_size(2, 16, 1, 4)
+    aligned = aligned_empty(nbytes + 256).view(np.float32)  # 256-byte aligned: not the problem
+    for ws in (np.zeros(nbytes // 4 + 64, np.float32), aligned):
+        msg = raised(ValueError, call, case, metadata=meta, workspace=ws)
+        assert msg.startswith("workspace: expected dtype uint8") and "float32" in msg, msg
+
+
+def test_python_terms_table():
+    """Every C name the table knows becomes its Python name, whole words only."""
+    from kernelflow._errors import TERMS, python_terms
+
+    for c_name, py_name in TERMS.items():
+        assert python_terms(f"x {c_name}: y") == f"x {py_name}: y"
+    assert python_terms("kf_mla_metadata_size(batch=2) for KF_KV_INT8 in dst_cache") == \
+        "metadata_size(batch=2) for 'int8' in dst"
+    assert python_terms("get_mla_metadata and kf_mla_metadatax") == \
+        "get_mla_metadata and kf_mla_metadatax"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
-from mla_ref import BF16, HEAD, LATENT, bits, check_decode, make_case
+from inputs import BF16, HEAD, LATENT, bits, check_decode, make_case
 
 KDL_CPU, KDL_FLOAT, KDL_BFLOAT, KDL_INT = 1, 2, 4, 0
 

@@ -65,8 +65,10 @@ def test_stub_matches_module():
         if isinstance(node, ast.FunctionDef):
             params = [a.arg for a in node.args.args]
             doc_sig = getattr(kf._C, node.name).__nb_signature__[0][0]
-            for p in params:
-                assert re.search(rf"\b{p}\b", doc_sig), f"{node.name}: {p} not in {doc_sig}"
+            # "def name(a: int, b: object | None = None) -> T": the parameter names in order.
+            bound = re.search(r"\((.*)\)\s*->", doc_sig).group(1)
+            names = re.findall(r"(?:^|,\s*)(\w+)\s*:", bound)
+            assert params == names, f"{node.name}: stub {params}, module {doc_sig}"
 
 
 def _run_cli(*args, timeout=300):
@@ -91,6 +93,22 @@ def test_cli_demo_passes():
     assert "worst-row cosine distance" in r.stdout and "decode:" in r.stdout
     if not (kf.has_cuda() and kf.cuda_device_count()):
         assert "CPU backend" in r.stdout
+    header = next(line for line in lines if line.startswith("DeepSeek-V2-Lite decode step"))
+    ran_gpu = "CPU backend" not in r.stdout
+    ran = "bf16" if ran_gpu else _demo_cpu_dtype()
+    assert f"dtype {ran}" in header, header
+
+
+def _demo_cpu_dtype() -> str:
+    """The 16-bit format the demo's CPU arrays are in, read from the arrays themselves."""
+    from kernelflow import _demo
+    from kernelflow._frameworks import dtype_name
+
+    q, cache, _, label = _demo._cpu_arrays(np.zeros((1, 1, 1, 576), np.float32),
+                                           np.zeros((1, 64, 576), np.float32))
+    name = {"bfloat16": "bf16", "float16": "fp16"}[dtype_name(q)]
+    assert dtype_name(cache) == dtype_name(q) and label.startswith(name)
+    return name
 
 
 def test_cli_usage_error():

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Correctness of the Triton and torch baselines against the float64 reference.
+"""Correctness of the Triton and torch baselines against the float64 reference
+(kernelflow.reference, through torch_mla.reference).
 
 Covers bf16/fp16, page sizes 16/32/64, h_q 16 and 128, s_q = 1, requests of length 0, 1, a
 partial last page and several pages, scattered pages, NaN in every slot beyond cache_seqlens,
@@ -66,7 +67,7 @@ def main() -> int:
                 # The torch baseline gathers whole pages: the garbage block-table entries beyond
                 # a request are masked for it by pointing them at page 0 (it reads, then zeroes).
                 bt_torch = torch.where(bt >= cache.shape[0], torch.zeros_like(bt), bt)
-                ref_o, ref_lse = torch_mla.mla_decode_ref64(q, cache, bt_torch, seq, SCALE)
+                ref_o, ref_lse = torch_mla.reference(q, cache, bt, seq, SCALE)
                 max_len = max(seqlens)
                 results = []
                 o, l = torch_mla.mla_decode_torch(q, cache, bt_torch, seq, SCALE)

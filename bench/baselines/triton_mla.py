@@ -1,6 +1,6 @@
 """Triton MLA decode over a paged cache: our own two-stage split-KV baseline.
 
-What it computes (SPEC.md section 1, s_q = 1): for request b and head h,
+What it computes (docs/spec.md section 1, s_q = 1): for request b and head h,
     o[b, 0, h] = softmax(scale * q[b, 0, h] . cache[t]) @ cache[t][:512]   over t < cache_seqlens[b]
     lse[b, h, 0] = natural-log log-sum-exp of the scaled scores (-inf when the request is empty).
 

@@ -21,6 +21,7 @@ def mla_metadata(
     h_q: int,
     s_q: int,
     num_workers: int,
+    kv_format: int,
     metadata: ArrayLike,
     stream: int = 0,
 ) -> None: ...
@@ -46,9 +47,7 @@ def cache_append(
     error_buffer: Optional[ArrayLike] = None,
     stream: int = 0,
 ) -> None: ...
-def cache_convert(
-    src_cache: ArrayLike, dst_cache: ArrayLike, dst_format: int, stream: int = 0
-) -> None: ...
+def cache_convert(src: ArrayLike, dst: ArrayLike, kv_format: int, stream: int = 0) -> None: ...
 def describe(array: ArrayLike) -> dict[str, Any]: ...
 
 KV_BF16: int

@@ -7,6 +7,8 @@
 
 Arrays from NumPy, PyTorch, CuPy and JAX (CPU) are accepted through DLPack; CPU arrays run the
 reference CPU backend, CUDA arrays the GPU kernels. `python -m kernelflow info` prints the build.
+kernelflow.reference is the float64 NumPy reference of the same math (docs/spec.md) that the
+tests, the demo and the benchmarks check the library against.
 """
 
 from . import _C

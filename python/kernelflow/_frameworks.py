@@ -19,6 +19,7 @@ KDL_CPU = 1
 KDL_CUDA = 2
 KDL_CUDA_HOST = 3
 KDL_CUDA_MANAGED = 13
+STREAM_MAX = 2**64 - 1  # a cudaStream_t as an unsigned pointer-sized int
 
 _JAX_IMMUTABLE = (
     "JAX arrays are immutable: pass a NumPy, PyTorch or CuPy array (a JAX FFI integration "
@@ -64,6 +65,19 @@ def is_cuda(x) -> bool:
 def dtype_name(x) -> str:
     """'bfloat16', 'float16', 'uint8', ... for any framework's dtype ('torch.bfloat16' too)."""
     return str(x.dtype).rpartition(".")[2]
+
+
+def host_view(x):
+    """A NumPy view of an array in host memory, or None for one on a device (or one NumPy
+    cannot view)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if device(x)[0] != KDL_CPU:
+        return None
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        return None
 
 
 def check_home(x, fw: str, name: str) -> None:
@@ -172,8 +186,8 @@ def stream_handle(stream, like, fw: str) -> int:
     if isinstance(stream, bool):
         raise TypeError("stream: expected an int handle or a stream object, got bool")
     if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"stream: expected a handle >= 0, got {stream}")
+        if not 0 <= stream <= STREAM_MAX:
+            raise ValueError(f"stream: expected a handle in 0..2**64 - 1, got {stream}")
         return stream
     for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
         handle = getattr(stream, attr, None)

@@ -17,8 +17,11 @@ from __future__ import annotations
 import numbers
 import operator
 
+import numpy as np
+
 from . import _C
 from . import _frameworks as fw
+from ._errors import call
 
 KV_FORMATS = {
     "bf16": _C.KV_BF16,
@@ -34,14 +37,48 @@ DEVERR_METADATA = _C.DEVERR_METADATA
 DEVERR_SLOT_RANGE = _C.DEVERR_SLOT_RANGE
 ERROR_BUFFER_LEN = _C.ERROR_BUFFER_LEN
 
+# The binding takes C ints: larger values are refused here, by name, and the library checks the
+# tighter ranges it knows (num_workers, batch, page sizes).
+INT32_MAX = 2**31 - 1
 
-def _int(value, name: str) -> int:
+# The metadata header (docs/design.md): magic "KFMD", layout version, batch, h_q, s_q, ...
+_META_MAGIC, _META_VERSION = 0x4B464D44, 2
+_META_BATCH, _META_H_Q, _META_S_Q = 2, 3, 4
+_Q_LAYOUT = "[b, s_q, h_q, 576]"
+
+
+def _int(value, name: str, lo: int, hi: int = INT32_MAX) -> int:
+    """`value` as an int in lo..hi; TypeError or ValueError naming the argument."""
     if isinstance(value, bool):
         raise TypeError(f"{name}: expected an int, got bool")
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: expected {lo}..{hi}, got {value}")
+    return value
+
+
+def _h_q(value, name: str = "h_q") -> int:
+    return _int(value, name, 1, _C.MAX_HEADS)
+
+
+def _s_q(value) -> int:
+    return _int(value, "s_q", 1, _C.MAX_SQ)
+
+
+def _q_dims(q) -> tuple[int, int, int]:
+    """(batch, s_q, h_q) of q [b, s_q, h_q, 576], each in the library's range."""
+    shape = tuple(int(d) for d in q.shape)
+    if len(shape) != 4:
+        raise ValueError(f"q: expected shape {_Q_LAYOUT}, got {shape}")
+    for axis, what, hi in ((0, "batch", None), (1, "s_q", _C.MAX_SQ), (2, "h_q", _C.MAX_HEADS)):
+        if shape[axis] < 1 or (hi is not None and shape[axis] > hi):
+            want = f"in 1..{hi}" if hi is not None else ">= 1"
+            raise ValueError(f"q: expected shape[{axis}] ({what}) {want}, got {shape[axis]} "
+                             f"(shape {shape}; q is {_Q_LAYOUT})")
+    return shape[0], shape[1], shape[2]
 
 
 def _format_code(kv_format, kv_cache) -> int:
@@ -73,14 +110,14 @@ def _device_id(device) -> int:
     if isinstance(device, bool):
         raise TypeError("device: expected an int, a str, a torch.device or an array, got bool")
     if isinstance(device, int):
-        return device
+        return _int(device, "device", -1)
     if isinstance(device, str) or type(device).__name__ == "device":
         text = str(device)
         if text == "cpu":
             return -1
         kind, _, index = text.partition(":")
-        if kind == "cuda":
-            return int(index) if index else 0
+        if kind == "cuda" and (not index or (index.isascii() and index.isdigit())):
+            return _int(int(index), "device", 0) if index else 0
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {text!r}")
     fw.framework(device, "device")
     dev_type, dev_id = fw.device(device)
@@ -92,37 +129,37 @@ def default_num_workers(device, h_q: int, s_q: int = 1, kv_format: str = "bf16")
     or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there), for
     decodes over a cache of kv_format (8-bit caches run 16 query rows per block, so more than
     16 rows take more row tiles and fewer workers)."""
-    return _C.default_num_workers(_device_id(device), _int(h_q, "h_q"), _int(s_q, "s_q"),
-                                  _format_code(kv_format, None))
+    return call(_C.default_num_workers, _device_id(device), _h_q(h_q), _s_q(s_q),
+                _format_code(kv_format, None))
 
 
 def metadata_size(batch: int, num_workers: int) -> int:
     """int32 elements of the metadata for a batch and a worker count."""
-    return _C.metadata_size(_int(batch, "batch"), _int(num_workers, "num_workers"))
+    return call(_C.metadata_size, _int(batch, "batch", 1), _int(num_workers, "num_workers", 1))
 
 
 def workspace_size(batch: int, h_q: int, s_q: int, num_workers: int) -> int:
     """Bytes of decode workspace for this shape and worker count (may be 0)."""
-    return _C.workspace_size(
-        _int(batch, "batch"), _int(h_q, "h_q"), _int(s_q, "s_q"), _int(num_workers, "num_workers")
-    )
+    return call(_C.workspace_size, _int(batch, "batch", 1), _h_q(h_q), _s_q(s_q),
+                _int(num_workers, "num_workers", 1))
 
 
 def cache_bytes_per_token(kv_format: str) -> int:
     """1152 for bf16/fp16, 644 for fp8_e4m3/int8."""
-    return _C.cache_bytes_per_token(_format_code(kv_format, None))
+    return call(_C.cache_bytes_per_token, _format_code(kv_format, None))
 
 
 def cache_bytes_per_page(kv_format: str, page_size: int) -> int:
     """Bytes of one cache page of `page_size` tokens in `kv_format`."""
-    return _C.cache_bytes_per_page(_format_code(kv_format, None), _int(page_size, "page_size"))
+    return call(_C.cache_bytes_per_page, _format_code(kv_format, None),
+                _int(page_size, "page_size", 1))
 
 
 def _num_workers_of(metadata, batch: int, name: str = "metadata") -> int:
     """The worker count a metadata array of this length was made for (its length encodes it)."""
     n = int(metadata.shape[0]) if len(metadata.shape) == 1 else -1
-    one = _C.metadata_size(batch, 1)
-    per_worker = _C.metadata_size(batch, 2) - one
+    one = call(_C.metadata_size, batch, 1)
+    per_worker = call(_C.metadata_size, batch, 2) - one
     extra, rest = divmod(n - one, per_worker)
     workers = extra + 1
     if n < 0 or rest or workers < 1:
@@ -131,6 +168,36 @@ def _num_workers_of(metadata, batch: int, name: str = "metadata") -> int:
             f"(expected [metadata_size(batch, num_workers)] as made by get_mla_metadata)"
         )
     return workers
+
+
+def _made_for(metadata):
+    """(batch, h_q, s_q) recorded in the header of a metadata array in host memory; None when
+    reading it would take a device copy or it holds no header of this layout (the library
+    reports those)."""
+    view = fw.host_view(metadata)
+    if view is None or view.dtype != np.int32 or view.ndim != 1 or view.shape[0] <= _META_S_Q:
+        return None
+    if int(view[0]) != _META_MAGIC or int(view[1]) != _META_VERSION:
+        return None
+    return int(view[_META_BATCH]), int(view[_META_H_Q]), int(view[_META_S_Q])
+
+
+def _check_q_fits(dims, q, cache_seqlens, metadata) -> None:
+    """q's batch against cache_seqlens and its s_q, h_q against what the metadata was made for,
+    before the library checks the metadata: a q laid out [b, h_q, s_q, 576] is named as such."""
+    batch, s_q, h_q = dims
+    shape = tuple(int(d) for d in q.shape)
+    if len(cache_seqlens.shape) == 1 and int(cache_seqlens.shape[0]) != batch:
+        raise ValueError(
+            f"q: expected shape[0] (batch) = {int(cache_seqlens.shape[0])}, the length of "
+            f"cache_seqlens, got {batch} (shape {shape}; q is {_Q_LAYOUT})"
+        )
+    made_for = _made_for(metadata)
+    if made_for is not None and made_for[0] == batch and made_for[1:] != (h_q, s_q):
+        raise ValueError(
+            f"q: shape {shape} has s_q = {s_q}, h_q = {h_q} (q is {_Q_LAYOUT}), but metadata was "
+            f"made by get_mla_metadata for num_heads_q = {made_for[1]}, s_q = {made_for[2]}"
+        )
 
 
 def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=None,
@@ -145,11 +212,12 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     balanced."""
     home = fw.framework(cache_seqlens, "cache_seqlens")
     fw.check_home(cache_seqlens, home, "cache_seqlens")
-    h_q = _int(num_heads_q, "num_heads_q")
-    s_q = _int(s_q, "s_q")
-    if len(cache_seqlens.shape) != 1:
+    h_q = _h_q(num_heads_q, "num_heads_q")
+    s_q = _s_q(s_q)
+    if len(cache_seqlens.shape) != 1 or int(cache_seqlens.shape[0]) < 1:
         raise ValueError(
-            f"cache_seqlens: expected shape [batch], got {tuple(cache_seqlens.shape)}"
+            f"cache_seqlens: expected shape [batch] with batch >= 1, got "
+            f"{tuple(cache_seqlens.shape)}"
         )
     batch = int(cache_seqlens.shape[0])
     if out is not None:
@@ -158,17 +226,15 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
             num_workers = _num_workers_of(out, batch, "out")
     elif num_workers is None:
         num_workers = default_num_workers(cache_seqlens, h_q, s_q, kv_format)
-    num_workers = _int(num_workers, "num_workers")
-    if num_workers < 1:
-        raise ValueError(f"num_workers: expected >= 1, got {num_workers}")
+    num_workers = _int(num_workers, "num_workers", 1)
+    fmt = _format_code(kv_format, None)
+    handle = fw.stream_handle(stream, cache_seqlens, home)
     metadata = out
     if metadata is None:
-        metadata = fw.empty(cache_seqlens, home, (_C.metadata_size(batch, num_workers),), "int32")
-    fmt = _format_code(kv_format, None)
-    _C.mla_metadata(
-        fw.export(cache_seqlens, home), h_q, s_q, num_workers, fmt, fw.export(metadata),
-        fw.stream_handle(stream, cache_seqlens, home),
-    )
+        size = call(_C.metadata_size, batch, num_workers)
+        metadata = fw.empty(cache_seqlens, home, (size,), "int32")
+    call(_C.mla_metadata, fw.export(cache_seqlens, home), h_q, s_q, num_workers, fmt,
+         fw.export(metadata), handle)
     return out if out is not None else fw.to_home(metadata, home)
 
 
@@ -199,27 +265,30 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
         )
     softmax_scale = float(softmax_scale)
     code = _format_code(kv_format, kv_cache)
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected shape [b, s_q, h_q, 576], got {tuple(q.shape)}")
-    batch, s_q, h_q = (int(d) for d in q.shape[:3])
+    dims = _q_dims(q)
+    _check_q_fits(dims, q, cache_seqlens, metadata)
+    batch, s_q, h_q = dims
     for arr, name in ((out, "out"), (lse, "lse"), (workspace, "workspace"),
                       (error_buffer, "error_buffer")):
         if arr is not None:
             fw.check_writable(arr, name)
+    if workspace is not None and fw.dtype_name(workspace) != "uint8":
+        raise ValueError(
+            f"workspace: expected dtype uint8 (bytes, as new_workspace makes), got "
+            f"{fw.dtype_name(workspace)}"
+        )
+    handle = fw.stream_handle(stream, q, home)
     if out is None:
         out = fw.empty(q, home, (batch, s_q, h_q, _C.LATENT_DIM))
     if lse is None:
         lse = fw.empty(q, home, (batch, h_q, s_q), "float32")
     if workspace is None:
-        nbytes = _C.workspace_size(batch, h_q, s_q, _num_workers_of(metadata, batch))
+        nbytes = call(_C.workspace_size, batch, h_q, s_q, _num_workers_of(metadata, batch))
         workspace = fw.empty_bytes(q, home, nbytes) if nbytes else None
-    _C.mla_decode(
-        fw.export(q, home), fw.export(kv_cache), code, fw.export(block_table),
-        fw.export(cache_seqlens), fw.export(metadata), softmax_scale, fw.export(out),
-        fw.export(lse), None if workspace is None else fw.export(workspace),
-        None if error_buffer is None else fw.export(error_buffer),
-        fw.stream_handle(stream, q, home),
-    )
+    call(_C.mla_decode, fw.export(q, home), fw.export(kv_cache), code, fw.export(block_table),
+         fw.export(cache_seqlens), fw.export(metadata), softmax_scale, fw.export(out),
+         fw.export(lse), None if workspace is None else fw.export(workspace),
+         None if error_buffer is None else fw.export(error_buffer), handle)
     return fw.to_home(out, home), fw.to_home(lse, home)
 
 
@@ -234,11 +303,9 @@ def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, 
     if error_buffer is not None:
         fw.check_writable(error_buffer, "error_buffer")
     code = _format_code(kv_format, kv_cache)
-    _C.cache_append(
-        fw.export(kv), fw.export(kv_cache, home), code, fw.export(slot_mapping),
-        None if error_buffer is None else fw.export(error_buffer),
-        fw.stream_handle(stream, kv_cache, home),
-    )
+    call(_C.cache_append, fw.export(kv), fw.export(kv_cache, home), code, fw.export(slot_mapping),
+         None if error_buffer is None else fw.export(error_buffer),
+         fw.stream_handle(stream, kv_cache, home))
     return kv_cache
 
 
@@ -264,7 +331,8 @@ def convert_cache(src, dst=None, kv_format="fp8_e4m3", stream=None):
     else:
         fw.framework(dst, "dst")
         fw.check_writable(dst, "dst")
-    _C.cache_convert(fw.export(src), fw.export(dst, home), code, fw.stream_handle(stream, src, home))
+    handle = fw.stream_handle(stream, src, home)
+    call(_C.cache_convert, fw.export(src), fw.export(dst, home), code, handle)
     return fw.to_home(dst, home)
 
 
@@ -275,10 +343,8 @@ def new_workspace(q, metadata):
     home = fw.framework(q, "q")
     fw.check_home(q, home, "q")
     fw.framework(metadata, "metadata")
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected shape [b, s_q, h_q, 576], got {tuple(q.shape)}")
-    batch, s_q, h_q = (int(d) for d in q.shape[:3])
-    nbytes = _C.workspace_size(batch, h_q, s_q, _num_workers_of(metadata, batch))
+    batch, s_q, h_q = _q_dims(q)
+    nbytes = call(_C.workspace_size, batch, h_q, s_q, _num_workers_of(metadata, batch))
     return fw.empty_bytes(q, home, nbytes)
 
 

@@ -1,7 +1,8 @@
 // kernelflow._C: one Python function per C API entry point. Arguments are converted to
 // DLTensors, the GIL is released around the call, and a failed status becomes the Python
-// exception that fits it, carrying kf_last_error(). Everything else (defaults, allocation in the
-// caller's framework, streams) lives in python/kernelflow/*.py.
+// exception that fits it, carrying kf_last_error() (kernelflow/_errors.py rewords its C names
+// in Python terms). Everything else (defaults, range checks, allocation in the caller's
+// framework, streams) lives in python/kernelflow/*.py.
 #include <kernelflow/kernelflow.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -129,10 +130,10 @@ void cache_append(nb::handle kv, nb::handle kv_cache, int kv_format, nb::handle 
   check(st, "kf_cache_append");
 }
 
-void cache_convert(nb::handle src_cache, nb::handle dst_cache, int dst_format, uintptr_t stream) {
-  const kf_kv_format fmt = as_format(dst_format);
-  Tensor src_t = as_input(src_cache, "src_cache");
-  Tensor dst_t = as_output(dst_cache, "dst_cache");
+void cache_convert(nb::handle src, nb::handle dst, int kv_format, uintptr_t stream) {
+  const kf_kv_format fmt = as_format(kv_format);
+  Tensor src_t = as_input(src, "src");
+  Tensor dst_t = as_output(dst, "dst");
   kf_status st;
   {
     nb::gil_scoped_release unlocked;
@@ -177,8 +178,8 @@ NB_MODULE(_C, m) {
   m.def("cache_append", &cache_append, nb::arg("kv"), nb::arg("kv_cache"), nb::arg("kv_format"),
         nb::arg("slot_mapping"), nb::arg("error_buffer").none() = nb::none(),
         nb::arg("stream") = 0);
-  m.def("cache_convert", &cache_convert, nb::arg("src_cache"), nb::arg("dst_cache"),
-        nb::arg("dst_format"), nb::arg("stream") = 0);
+  m.def("cache_convert", &cache_convert, nb::arg("src"), nb::arg("dst"), nb::arg("kv_format"),
+        nb::arg("stream") = 0);
   m.def("describe", &kf::py::describe, nb::arg("array"),
         "The DLTensor the binding builds for an array: what the C API sees.");
 
