@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 
 import kernelflow as kf
-from mla_ref import (BF16, HEAD, LATENT, MAX_COS_DIST, MAX_LSE_ERR, cosine_distance, make_case,
-                     numpy_dtype, visible_len)
+from inputs import BF16, HEAD, LATENT, make_case, numpy_dtype
+from kernelflow.reference import MAX_LSE_ABS_ERR as MAX_LSE_ERR
+from kernelflow.reference import MAX_ROW_COS_DIST as MAX_COS_DIST
+from kernelflow.reference import cosine_distance, visible_len
 
 BYTES_8BIT = 644
 SCALE_NAN_BITS = 0x7FC00000  # the stored scale of a non-finite latent

@@ -68,8 +68,11 @@ def demangle(names):
 
 def resource_usage(cuobjdump, library):
     """[(arch, mangled name, {REG, STACK, SHARED, LOCAL, ...})] for every kernel in the library."""
-    text = subprocess.run([cuobjdump, "--dump-resource-usage", library], capture_output=True,
-                          text=True, check=True).stdout
+    run = subprocess.run([cuobjdump, "--dump-resource-usage", library], capture_output=True,
+                         text=True)
+    if run.returncode != 0:  # a CPU-only build holds no device code at all
+        raise FileNotFoundError(f"no device code in {library}: {run.stderr.strip()}")
+    text = run.stdout
     rows, arch, func = [], None, None
     for line in text.splitlines():
         m = re.match(r"\s*arch = (sm_\d+\w*)", line)
