@@ -1,6 +1,8 @@
-// One DeepSeek-V2-Lite-shaped MLA decode step through the C API: metadata, then decode, on the
-// CPU backend and, when a GPU is present, on the GPU too; both are checked against a plain
-// double-precision loop. Exit code 0 when every check passes.
+// One DeepSeek-V2-Lite-shaped MLA decode step through the C API, in bf16: q [2, 1, 16, 576] and a
+// paged cache of bf16 rows (KF_KV_BF16, 64 tokens per page, pages scattered), two requests of 700
+// and 1500 positions, softmax scale 0.114721. The worker count, the metadata and the decode run on
+// the CPU backend and, when a GPU is present, on the GPU too; each output is checked against a
+// plain double-precision loop over the same bf16 inputs. Exit code 0 when every check passes.
 #include <kernelflow/kernelflow.h>
 
 #include <cmath>
