@@ -96,21 +96,15 @@ kf_status check_family(const Device& dev, const char* what) {
   return KF_SUCCESS;
 }
 
-// Runs `body` (returning a kf_status) with the tensors' device current and its family checked.
-template <typename Body>
-kf_status on_device(const Device& dev, const char* what, Body&& body) {
+// Runs `cuda_call` (returning a cudaError_t) with the tensors' device current, once its kernel
+// family is known to run there.
+template <typename CudaCall>
+kf_status on_device(const Device& dev, const char* what, CudaCall&& cuda_call) {
   DeviceGuard guard(dev.id);
   if (guard.status() != cudaSuccess) return cuda_fail(guard.status(), what, dev.id);
   KF_CHECK(check_family(dev, what));
-  return body();
-}
-
-template <typename Launch>
-kf_status launch_on(const Device& dev, const char* what, Launch&& launch) {
-  return on_device(dev, what, [&] {
-    const cudaError_t e = launch();
-    return e == cudaSuccess ? KF_SUCCESS : cuda_fail(e, what, dev.id);
-  });
+  const cudaError_t e = cuda_call();
+  return e == cudaSuccess ? KF_SUCCESS : cuda_fail(e, what, dev.id);
 }
 
 }  // namespace
@@ -151,9 +145,7 @@ kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_
   KF_CHECK(check_backend(dev));
   // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
   return on_device(dev, "default worker count", [&] {
-    const cudaError_t e =
-        kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
-    return e == cudaSuccess ? KF_SUCCESS : cuda_fail(e, "default worker count", device_id);
+    return kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
   });
 }
 
@@ -196,7 +188,7 @@ kf_status run_op(const Device& dev, const char* what, void (*cpu_fn)(const P&), 
     return KF_SUCCESS;
   }
 #if KF_WITH_CUDA
-  return launch_on(dev, what, cuda_launch);
+  return on_device(dev, what, cuda_launch);
 #else
   (void)what;
   return check_backend(dev);
