@@ -48,8 +48,8 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
   const int32_t* meta = p.metadata;
   if (meta[kMetaMagicIdx] != kMetaMagic || meta[kMetaVersionIdx] != kMetaVersion)
     return fail(KF_ERROR_INVALID_ARGUMENT,
-                "metadata: expected magic 0x%08X version %d (made by kf_mla_metadata_for_format), got 0x%08X "
-                "version %d",
+                "metadata: expected magic 0x%08X version %d (made by kf_mla_metadata_for_format), "
+                "got 0x%08X version %d",
                 unsigned(kMetaMagic), kMetaVersion, unsigned(meta[kMetaMagicIdx]),
                 meta[kMetaVersionIdx]);
   KF_CHECK(check_header_field(meta, kMetaBatchIdx, p.batch, "batch"));
@@ -63,7 +63,8 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
   const int32_t fixed_cost = meta[kMetaFixedCostIdx];
   if (fixed_cost < 0 || fixed_cost > kMaxFixedCost)
     return fail(KF_ERROR_INVALID_ARGUMENT,
-                "metadata: fixed cost %d out of range 0..%d: make it with kf_mla_metadata_for_format",
+                "metadata: fixed cost %d out of range 0..%d: make it with "
+                "kf_mla_metadata_for_format",
                 fixed_cost, kMaxFixedCost);
   std::vector<int32_t> seqlens(p.cache_seqlens, p.cache_seqlens + p.batch);
   std::vector<int32_t> want(size_t(metadata_size(p.batch, p.num_workers)));

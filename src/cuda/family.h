@@ -2,8 +2,8 @@
 // so the CPU tests check the rule: cpp_tests/test_decode_config.cpp).
 //
 // A kernel family is a set of kernels written for one class of hardware and compiled only for
-// the architectures it supports (CMakeLists.txt: the sources under a `<family>/` folder form one
-// object library with its own CUDA_ARCHITECTURES):
+// the architectures it supports (CMakeLists.txt: one object library per family, with its own
+// CUDA_ARCHITECTURES; a source's folder name says its family):
 //   kSm80   the portable family: mma.sync, cp.async, ldmatrix. Every .cu file outside an
 //           `sm90a/` folder. Compiled to SASS for each requested architecture (KF_CUDA_ARCHS,
 //           default 80 86 89 90) and to PTX for the highest one, so a newer device (sm_100,
@@ -23,10 +23,6 @@
 namespace kf::cuda {
 
 enum class KernelFamily { kSm80, kSm90a };
-
-inline const char* family_name(KernelFamily f) {
-  return f == KernelFamily::kSm90a ? "sm90a" : "sm80";
-}
 
 // What a build compiled, from the words CMake passes in KF_CUDA_ARCHS_STRING ("80 86 89 90",
 // plus "90a" when the sm_90a family has kernels): SASS for every number, PTX for the highest.
