@@ -62,8 +62,8 @@ struct DeviceProblem {
            out.ok() && lse.ok() && workspace.ok();
   }
   kf_status metadata_call(const Problem& pr, void* stream = nullptr) {
-    return kf_mla_metadata(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, metadata.dl(),
-                           stream);
+    return kf_mla_metadata_for_format(cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers,
+                                      KF_KV_BF16, metadata.dl(), stream);
   }
   kf_status decode(const Problem& pr, kf_kv_format fmt, DLTensor* eb = nullptr,
                    void* stream = nullptr, DLTensor* kv_cache = nullptr) {

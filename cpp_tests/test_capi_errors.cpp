@@ -117,7 +117,8 @@ void remake_metadata(DecodeErrorFixture& f, std::vector<int32_t> seqlens, int h_
   std::copy(seqlens.begin(), seqlens.end(), sl.ptr<int32_t>());
   const int64_t n = f.b.metadata.numel();
   const int W = int((n - 17 - int64_t(seqlens.size())) / 8);
-  ASSERT_EQ(kf_mla_metadata(sl.dl(), h_q, s_q, W, f.b.metadata.dl(), nullptr), KF_SUCCESS)
+  ASSERT_EQ(kf_mla_metadata_for_format(sl.dl(), h_q, s_q, W, KF_KV_BF16, f.b.metadata.dl(), nullptr),
+            KF_SUCCESS)
       << kf_last_error();
 }
 
@@ -327,7 +328,7 @@ TEST_P(DecodeErrors, RejectedWithMessageAndNothingWritten) {
 INSTANTIATE_TEST_SUITE_P(Arg, DecodeErrors, ::testing::ValuesIn(decode_error_cases()),
                          [](const ::testing::TestParamInfo<DecodeErrorCase>& i) { return std::string(i.param.name); });
 
-// ---- kf_mla_metadata ------------------------------------------------------------------------
+// ---- kf_mla_metadata_for_format ---------------------------------------------------------------
 
 struct MetadataCall {
   TArg sl, md;
@@ -518,17 +519,17 @@ std::vector<SizeErrorCase> size_error_cases() {
       {"WorkspaceSizeSq17", [] { return kf_mla_workspace_size(2, 16, 17, 4, &n); }, kBad, "s_q: expected 1..16, got 17"},
       {"WorkspaceSizeWorkers0", [] { return kf_mla_workspace_size(2, 16, 1, 0, &n); }, kBad, "num_workers: expected 1.."},
       {"WorkspaceSizeNullResult", [] { return kf_mla_workspace_size(2, 16, 1, 4, nullptr); }, kBad, "bytes: expected a pointer"},
-      {"DefaultWorkersDeviceMinus2", [] { return kf_mla_default_num_workers(-2, 16, 1, &w); }, kBad,
+      {"DefaultWorkersDeviceMinus2", [] { return kf_mla_default_num_workers_for_format(-2, 16, 1, KF_KV_BF16, &w); }, kBad,
        "device_id: expected -1 (CPU) or a CUDA device id >= 0, got -2"},
-      {"DefaultWorkersHq200", [] { return kf_mla_default_num_workers(-1, 200, 1, &w); }, kBad, "h_q: expected 1..128, got 200"},
-      {"DefaultWorkersSq0", [] { return kf_mla_default_num_workers(-1, 16, 0, &w); }, kBad, "s_q: expected 1..16, got 0"},
-      {"DefaultWorkersNullResult", [] { return kf_mla_default_num_workers(-1, 16, 1, nullptr); }, kBad, "num_workers: expected a pointer"},
+      {"DefaultWorkersHq200", [] { return kf_mla_default_num_workers_for_format(-1, 200, 1, KF_KV_BF16, &w); }, kBad, "h_q: expected 1..128, got 200"},
+      {"DefaultWorkersSq0", [] { return kf_mla_default_num_workers_for_format(-1, 16, 0, KF_KV_BF16, &w); }, kBad, "s_q: expected 1..16, got 0"},
+      {"DefaultWorkersNullResult", [] { return kf_mla_default_num_workers_for_format(-1, 16, 1, KF_KV_BF16, nullptr); }, kBad, "num_workers: expected a pointer"},
       {"DefaultWorkersFormat7", [] { return kf_mla_default_num_workers_for_format(-1, 16, 1, kf_kv_format(7), &w); }, kBad,
        "kv_format: expected KF_KV_BF16, KF_KV_FP16, KF_KV_FP8_E4M3 or KF_KV_INT8 (0..3), got 7"},
       {"DefaultWorkersFormatHq0", [] { return kf_mla_default_num_workers_for_format(-1, 0, 1, KF_KV_INT8, &w); }, kBad, "h_q: expected 1..128, got 0"},
   };
 #if !KF_TESTS_WITH_CUDA
-  v.push_back({"DefaultWorkersCudaWithoutCuda", [] { return kf_mla_default_num_workers(0, 16, 1, &w); },
+  v.push_back({"DefaultWorkersCudaWithoutCuda", [] { return kf_mla_default_num_workers_for_format(0, 16, 1, KF_KV_BF16, &w); },
                KF_ERROR_UNSUPPORTED, "built without CUDA"});
 #endif
   return v;
@@ -544,5 +545,27 @@ TEST_P(SizeErrors, RejectedWithMessage) {
 
 INSTANTIATE_TEST_SUITE_P(Arg, SizeErrors, ::testing::ValuesIn(size_error_cases()),
                          [](const ::testing::TestParamInfo<SizeErrorCase>& i) { return std::string(i.param.name); });
+
+// KF_KERNEL_FAMILY, read once per process. The ctest KernelFamilyEnvUnknown runs this test with a
+// value the library does not know; the plain run, with it unset. CPU calls never read it; a CUDA
+// call with an unknown value fails naming it.
+TEST(KernelFamilyEnv, CudaCallsNameAnUnknownValue) {
+  const char* env = std::getenv("KF_KERNEL_FAMILY");
+  const std::string value = env == nullptr ? "" : env;
+  const bool known = value.empty() || value == "auto" || value == "sm80";
+  int w = 0;
+  EXPECT_EQ(kf_mla_default_num_workers_for_format(-1, 16, 1, KF_KV_BF16, &w), KF_SUCCESS)
+      << kf_last_error();
+  if (kf_cuda_device_count() == 0) GTEST_SKIP() << "the CPU call checked; no CUDA device visible";
+  const kf_status s = kf_mla_default_num_workers_for_format(0, 16, 1, KF_KV_BF16, &w);
+  if (known) {
+    EXPECT_EQ(s, KF_SUCCESS) << kf_last_error();
+  } else {
+    EXPECT_EQ(s, KF_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(kf_last_error()).find("KF_KERNEL_FAMILY=" + value + " in the environment"),
+              std::string::npos)
+        << kf_last_error();
+  }
+}
 
 }  // namespace

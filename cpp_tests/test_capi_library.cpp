@@ -102,7 +102,7 @@ TEST(Sizes, DefaultWorkersOnCpu) {
     EXPECT_EQ(w, 4) << kf_last_error();
   }
   int w = 0;
-  ASSERT_EQ(kf_mla_default_num_workers(-1, 16, 1, &w), KF_SUCCESS);
+  ASSERT_EQ(kf_mla_default_num_workers_for_format(-1, 16, 1, KF_KV_BF16, &w), KF_SUCCESS);
   EXPECT_EQ(w, 4);
 }
 

@@ -1,9 +1,16 @@
-// The rule that picks the decode kernel's instantiation (src/cuda/decode/decode_config.h), on the
-// CPU: every row count the C API accepts, every cache format, with and without two 32-row blocks
-// fitting an SM. The launch, mla_row_tiles and the default worker count all read this rule.
+// The two rules that pick the kernels a call runs, on the CPU:
+// - the kernel family of a device (src/cuda/family.h): every compute capability from sm_70 to
+//   sm_120 against the default build, one-architecture builds and a build with the sm_90a family,
+//   with and without KF_KERNEL_FAMILY=sm80;
+// - the portable family's decode instantiation (src/cuda/decode/decode_config.h): every row count
+//   the C API accepts, every cache format, with and without two 32-row blocks fitting an SM. The
+//   launch, the row-tile count and the default worker count all read it.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "cuda/decode/decode_config.h"
+#include "cuda/family.h"
 
 namespace {
 
@@ -78,6 +85,114 @@ TEST(DecodeConfig, Instances) {
   EXPECT_EQ(kf::cuda::decode_config_row_tiles(DecodeConfig::k16Rows32, 128), 4);
   EXPECT_EQ(kf::cuda::decode_config_row_tiles(DecodeConfig::k16Rows64, 128), 2);
   EXPECT_EQ(kf::cuda::decode_config_row_tiles(DecodeConfig::kInt8Rows16, 128), 8);
+}
+
+// ---- kernel families --------------------------------------------------------------------
+
+using kf::cuda::BuildArchs;
+using kf::cuda::FamilyRequest;
+using kf::cuda::KernelFamily;
+
+constexpr int kDevices[] = {70, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121};
+
+std::optional<KernelFamily> pick(int cc, const BuildArchs& b,
+                                 FamilyRequest r = FamilyRequest::kAuto) {
+  return kf::cuda::pick_family(cc / 10, cc % 10, b, r);
+}
+
+TEST(KernelFamily, ParsesWhatCMakePasses) {
+  const BuildArchs d = kf::cuda::parse_build_archs("80 86 89 90");
+  EXPECT_EQ(d.sass, (std::vector<int>{80, 86, 89, 90}));
+  EXPECT_EQ(d.ptx, 90);
+  EXPECT_FALSE(d.sm90a);
+  const BuildArchs h = kf::cuda::parse_build_archs("80 86 89 90 90a");
+  EXPECT_EQ(h.sass, (std::vector<int>{80, 86, 89, 90}));
+  EXPECT_EQ(h.ptx, 90);
+  EXPECT_TRUE(h.sm90a);
+  const BuildArchs one = kf::cuda::parse_build_archs("86");
+  EXPECT_EQ(one.sass, (std::vector<int>{86}));
+  EXPECT_EQ(one.ptx, 86);
+  const BuildArchs cpu = kf::cuda::parse_build_archs("cpu-only");
+  EXPECT_TRUE(cpu.sass.empty());
+  EXPECT_EQ(cpu.ptx, 0);
+  EXPECT_FALSE(pick(90, cpu).has_value());
+}
+
+// The default build (SASS for 80 86 89 90, PTX for 90): every device from sm_80 on runs the
+// portable family, through SASS up to sm_90 and through the PTX beyond (sm_100, sm_120).
+TEST(KernelFamily, DefaultBuildRunsPortableFromSm80On) {
+  const BuildArchs b = kf::cuda::parse_build_archs("80 86 89 90");
+  for (int cc : kDevices) {
+    SCOPED_TRACE(cc);
+    const std::optional<KernelFamily> f = pick(cc, b);
+    if (cc < 80) {
+      EXPECT_FALSE(f.has_value());
+      continue;
+    }
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(*f, KernelFamily::kSm80);
+    EXPECT_EQ(kf::cuda::portable_sass_runs(cc, b), cc < 100);
+    EXPECT_EQ(kf::cuda::portable_ptx_runs(cc, b), cc >= 90);
+  }
+}
+
+// SASS runs on the same major version at an equal or higher minor; PTX on any later device.
+TEST(KernelFamily, OneArchitectureBuilds) {
+  const BuildArchs b86 = kf::cuda::parse_build_archs("86");
+  EXPECT_FALSE(pick(80, b86).has_value());  // 8.0 < 8.6 and no older SASS
+  EXPECT_EQ(pick(86, b86), KernelFamily::kSm80);
+  EXPECT_EQ(pick(89, b86), KernelFamily::kSm80);  // sm_86 SASS on 8.9
+  EXPECT_TRUE(kf::cuda::portable_sass_runs(89, b86));
+  EXPECT_EQ(pick(90, b86), KernelFamily::kSm80);  // compute_86 PTX, JIT
+  EXPECT_FALSE(kf::cuda::portable_sass_runs(90, b86));
+  EXPECT_EQ(pick(120, b86), KernelFamily::kSm80);
+
+  const BuildArchs b90 = kf::cuda::parse_build_archs("90");
+  for (int cc : {80, 86, 89}) EXPECT_FALSE(pick(cc, b90).has_value()) << cc;
+  EXPECT_EQ(pick(90, b90), KernelFamily::kSm80);
+  EXPECT_EQ(pick(100, b90), KernelFamily::kSm80);
+}
+
+// The sm_90a family runs on compute capability 9.0 alone (arch-specific SASS, no PTX), and
+// KF_KERNEL_FAMILY=sm80 keeps the portable family there too.
+TEST(KernelFamily, Sm90aOnlyOnSm90) {
+  const BuildArchs b = kf::cuda::parse_build_archs("80 86 89 90 90a");
+  for (int cc : kDevices) {
+    SCOPED_TRACE(cc);
+    const std::optional<KernelFamily> f = pick(cc, b);
+    if (cc < 80) {
+      EXPECT_FALSE(f.has_value());
+      continue;
+    }
+    EXPECT_EQ(f, cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);
+    EXPECT_EQ(pick(cc, b, FamilyRequest::kSm80), KernelFamily::kSm80);
+  }
+}
+
+TEST(KernelFamily, EnvironmentRequest) {
+  EXPECT_EQ(kf::cuda::parse_family_request(""), FamilyRequest::kAuto);
+  EXPECT_EQ(kf::cuda::parse_family_request("auto"), FamilyRequest::kAuto);
+  EXPECT_EQ(kf::cuda::parse_family_request("sm80"), FamilyRequest::kSm80);
+  for (const char* bad : {"sm90a", "SM80", "sm_80", "0", "portable"})
+    EXPECT_FALSE(kf::cuda::parse_family_request(bad).has_value()) << bad;
+}
+
+// The C API's KF_ERROR_UNSUPPORTED message: the device's architecture, what was built, and the
+// rebuild that adds the device; for a device that only has PTX, the driver as the other fix.
+TEST(KernelFamily, ImageErrorMessages) {
+  const BuildArchs b90 = kf::cuda::parse_build_archs("90");
+  EXPECT_EQ(kf::cuda::image_error_message(8, 6, b90, "cudaErrorNoKernelImageForDevice"),
+            "no kernel image for sm_86 in this build (built for sm_90; "
+            "cudaErrorNoKernelImageForDevice); rebuild with KF_CUDA_ARCHS=\"90;86\"");
+  const BuildArchs d = kf::cuda::parse_build_archs("80 86 89 90");
+  EXPECT_EQ(kf::cuda::image_error_message(12, 0, d, "cudaErrorUnsupportedPtxVersion"),
+            "sm_120 runs this build's compute_90 PTX, which the driver could not compile "
+            "(cudaErrorUnsupportedPtxVersion): update the driver, or rebuild with "
+            "KF_CUDA_ARCHS=\"80;86;89;90;120\"");
+  // A device the build names: the list stays as it is.
+  EXPECT_NE(kf::cuda::image_error_message(9, 0, d, "cudaErrorInvalidDeviceFunction")
+                .find("KF_CUDA_ARCHS=\"80;86;89;90\""),
+            std::string::npos);
 }
 
 }  // namespace

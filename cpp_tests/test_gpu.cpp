@@ -51,7 +51,8 @@ TEST_P(GpuDecode, MatchesCpuBackendAndReference) {
   auto rng = test_rng();
   Problem pr = problem_of(c);
   int w = 0;
-  ASSERT_EQ(kf_mla_default_num_workers(0, c.h_q, c.s_q, &w), KF_SUCCESS) << kf_last_error();
+  ASSERT_EQ(kf_mla_default_num_workers_for_format(0, c.h_q, c.s_q, KF_KV_BF16, &w), KF_SUCCESS)
+      << kf_last_error();
   pr.num_workers = w;
   pr.seqlens = random_lengths(rng, c.batch, c.max_len, c.zero_fraction);
   Built cpu = build_problem(pr, rng);
@@ -284,7 +285,8 @@ TEST(Gpu8bit, DecodeMatchesCpuBackend) {
       pr.h_q = hq;
       pr.s_q = hq == 16 ? 2 : 1;
       pr.page_size = 64;
-      ASSERT_EQ(kf_mla_default_num_workers(0, pr.h_q, pr.s_q, &pr.num_workers), KF_SUCCESS);
+      ASSERT_EQ(kf_mla_default_num_workers_for_format(0, pr.h_q, pr.s_q, KF_KV_BF16, &pr.num_workers),
+                KF_SUCCESS);
       pr.seqlens = random_lengths(rng, pr.batch, 2000, 0.2);
       Built cpu = build_problem(pr, rng);
       HostTensor cache = append_8bit_cache(cpu, fmt, 0xff);
@@ -308,7 +310,8 @@ TEST(GpuDevice, DefaultWorkersFromSmCount) {
 #if KF_TESTS_WITH_CUDA
   for (int hq : {16, 128}) {
     int w = 0;
-    ASSERT_EQ(kf_mla_default_num_workers(0, hq, 1, &w), KF_SUCCESS) << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, hq, 1, KF_KV_BF16, &w), KF_SUCCESS)
+        << kf_last_error();
     EXPECT_GE(w, 1);
     int sms = 0;
     CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -326,7 +329,8 @@ TEST(GpuDevice, DefaultWorkersFromSmCount) {
     EXPECT_EQ(w128, w16 / 8 < 1 ? 1 : w16 / 8);
   }
   int w = 0;
-  EXPECT_EQ(kf_mla_default_num_workers(kf_cuda_device_count(), 16, 1, &w), KF_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(kf_mla_default_num_workers_for_format(kf_cuda_device_count(), 16, 1, KF_KV_BF16, &w),
+            KF_ERROR_INVALID_ARGUMENT);
 #endif
 }
 

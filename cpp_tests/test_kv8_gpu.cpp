@@ -194,7 +194,9 @@ TEST(GpuKv8Decode, MatchesCpuBackendAndRerunsBitIdentical) {
           lse(b.lse), ws(b.workspace);
       std::vector<std::vector<uint8_t>> runs;
       for (int run = 0; run < 2; ++run) {
-        ASSERT_EQ(kf_mla_metadata(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, meta.dl(), nullptr), KF_SUCCESS);
+        ASSERT_EQ(kf_mla_metadata_for_format(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, KF_KV_BF16,
+                                             meta.dl(), nullptr),
+                  KF_SUCCESS);
         ASSERT_EQ(kf_mla_decode(q.dl(), kv.dl(), fmt, bt.dl(), sl.dl(), meta.dl(), pr.scale, out.dl(), lse.dl(),
                                 ws.dl(), nullptr, nullptr),
                   KF_SUCCESS)

@@ -204,7 +204,9 @@ TEST_P(GpuSanitize, DecodeMatchesCpuBackend) {
   pr.cache_4d = c.cache_4d;
   pr.num_workers = c.num_workers;
   if (pr.num_workers == 0) {
-    ASSERT_EQ(kf_mla_default_num_workers(0, c.h_q, c.s_q, &pr.num_workers), KF_SUCCESS) << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, c.h_q, c.s_q, KF_KV_BF16, &pr.num_workers),
+              KF_SUCCESS)
+        << kf_last_error();
   }
   pr.seqlens = random_lengths(rng, c.batch, c.max_len, c.zero_fraction);
   Built b = build_problem(pr, rng);
@@ -363,7 +365,8 @@ TEST(GpuSanitizeGraph, CapturedStepMatchesCpuAndEager) {
     // The host mirror: the same append, metadata and decode on the CPU backend.
     ASSERT_EQ(kf_cache_append(kv.dl(), b.cache.dl(), KF_KV_BF16, slots.dl(), nullptr, nullptr), KF_SUCCESS)
         << kf_last_error();
-    ASSERT_EQ(kf_mla_metadata(b.cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, b.metadata.dl(), nullptr),
+    ASSERT_EQ(kf_mla_metadata_for_format(b.cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers,
+                                         KF_KV_BF16, b.metadata.dl(), nullptr),
               KF_SUCCESS);
     ASSERT_EQ(run_decode(b), KF_SUCCESS) << kf_last_error();
     Problem now = pr;

@@ -239,13 +239,12 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
     ASSERT_EQ(n, s.meta.size());
     HostTensor meta(kI32, {int64_t(n)});
     meta.fill<int32_t>(-1);
-    // kf_mla_metadata: the 16-bit cost; kf_mla_metadata_for_format: the format's.
-    const kf_kv_format f = kf_kv_format(i % 4);
+    // Every other trial a 16-bit cache (the 16-bit fixed cost), else the format's own cost.
+    const kf_kv_format f = i % 2 ? kf_kv_format(i % 4) : KF_KV_BF16;
     s.fc = i % 2 ? kf::sched_fixed_cost(kf::KvFormat(int(f))) : kf::kFixedCost16;
     s.build();
     const kf_status st =
-        i % 2 ? kf_mla_metadata_for_format(seqlens.dl(), s.h_q, s.s_q, s.W, f, meta.dl(), nullptr)
-              : kf_mla_metadata(seqlens.dl(), s.h_q, s.s_q, s.W, meta.dl(), nullptr);
+        kf_mla_metadata_for_format(seqlens.dl(), s.h_q, s.s_q, s.W, f, meta.dl(), nullptr);
     ASSERT_EQ(st, KF_SUCCESS) << kf_last_error();
     ASSERT_EQ(0, std::memcmp(meta.ptr<int32_t>(), s.meta.data(), n * 4));
   }

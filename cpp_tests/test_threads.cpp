@@ -135,8 +135,9 @@ TEST(Threads, CpuCallsMatchSingleThreaded) {
         b.metadata.fill<int32_t>(0);
         b.out.fill<uint16_t>(nan_16(b.pr.bf16));
         b.lse.fill<float>(NAN);
-        const kf_status m = kf_mla_metadata(b.cache_seqlens.dl(), b.pr.h_q, b.pr.s_q, b.pr.num_workers,
-                                            b.metadata.dl(), nullptr);
+        const kf_status m =
+            kf_mla_metadata_for_format(b.cache_seqlens.dl(), b.pr.h_q, b.pr.s_q, b.pr.num_workers,
+                                       KF_KV_BF16, b.metadata.dl(), nullptr);
         const kf_status d = run_decode(b);
         if (m != KF_SUCCESS || d != KF_SUCCESS) failures.add(who(t, round) + "decode failed: " + kf_last_error());
         if (std::string(kf_last_error()) != "")
@@ -216,7 +217,8 @@ struct GpuJob {
     cudaMemsetAsync(lse.ptr(), 0xff, lse.bytes(), stream);
     cudaMemsetAsync(md.ptr(), 0, md.bytes(), stream);
     const Problem& pr = b.pr;
-    if (kf_mla_metadata(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, md.dl(), stream) != KF_SUCCESS)
+    if (kf_mla_metadata_for_format(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, KF_KV_BF16, md.dl(),
+                                   stream) != KF_SUCCESS)
       return std::string("metadata: ") + kf_last_error();
     if (kf_mla_decode(q.dl(), cache.dl(), pr.bf16 ? KF_KV_BF16 : KF_KV_FP16, bt.dl(), sl.dl(), md.dl(), pr.scale,
                       out.dl(), lse.dl(), ws.dl(), nullptr, stream) != KF_SUCCESS)
@@ -280,7 +282,8 @@ TEST(GpuThreads, StreamsFromManyThreadsMatchSingleThreaded) {
           if (t % 2 == 0) {  // a GPU call that names the thread: workers beyond the limit
             value = 100000 + t * 100 + round;
             GpuJob& j = *jobs[t];
-            if (kf_mla_metadata(j.sl.dl(), 16, 1, value, j.md.dl(), j.stream) != KF_ERROR_INVALID_ARGUMENT)
+            if (kf_mla_metadata_for_format(j.sl.dl(), 16, 1, value, KF_KV_BF16, j.md.dl(),
+                                           j.stream) != KF_ERROR_INVALID_ARGUMENT)
               failures.add(who(t, round) + "num_workers " + std::to_string(value) + " accepted");
           } else if (bad_call(t, round, &value) != KF_ERROR_INVALID_ARGUMENT) {
             failures.add(who(t, round) + "invalid h_q accepted");

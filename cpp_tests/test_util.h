@@ -250,8 +250,8 @@ inline Built build_problem(const Problem& pr, std::mt19937_64& rng) {
   EXPECT_EQ(kf_mla_metadata_size(B, pr.num_workers, &meta_n), KF_SUCCESS);
   EXPECT_EQ(kf_mla_workspace_size(B, pr.h_q, pr.s_q, pr.num_workers, &ws_bytes), KF_SUCCESS);
   b.metadata = HostTensor(kI32, {int64_t(meta_n)});
-  EXPECT_EQ(kf_mla_metadata(b.cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers, b.metadata.dl(),
-                            nullptr),
+  EXPECT_EQ(kf_mla_metadata_for_format(b.cache_seqlens.dl(), pr.h_q, pr.s_q, pr.num_workers,
+                                       KF_KV_BF16, b.metadata.dl(), nullptr),
             KF_SUCCESS)
       << kf_last_error();
   b.workspace = HostTensor(kU8, {int64_t(ws_bytes)});

@@ -3,6 +3,8 @@
 # Python), the resource report and the benchmark, and print a short table last.
 #   usage: bash scripts/gpu_check.sh [tests|bench|sanitize|all]...   (default: tests bench)
 # Needs .deps/googletest carried along for the C++ tests (the GPU image has no packaged GTest).
+# Exit status 1 when a step fails: the install, the test build, ctest (also when it finds no
+# tests), the GPU pytest run or the sanitizers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kf-out}
@@ -12,26 +14,35 @@ export KF_CUDA_ARCHS=${KF_CUDA_ARCHS:-90}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 export PYTHONUNBUFFERED=1
 summary=()
+failed=0
 note() { summary+=("$1"); echo "## $1"; }
+fail() { note "$1"; failed=1; }
 t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
 python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 \
   && note "pip install (sm_$KF_CUDA_ARCHS): ok ($(( $(date +%s) - t0 )) s)" \
-  || { note "pip install: FAILED"; tail -40 "$OUT/pip.log"; exit 1; }
+  || { fail "pip install: FAILED"; tail -40 "$OUT/pip.log"; exit 1; }
 python3 -m kernelflow info
 
 if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
   if [ -d .deps/googletest ]; then export KF_GTEST_SOURCE_DIR=$PWD/.deps/googletest; fi
-  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 \
-    && cmake --build build/gpu >>"$OUT/cmake.log" 2>&1 \
-    && { ctest --test-dir build/gpu --output-on-failure -j4 >"$OUT/ctest.log" 2>&1; \
-         note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"; } \
-    || note "ctest build: FAILED (see cmake.log)"
-  grep -E "Failed|FAILED|Skipped" "$OUT/ctest.log" | head -20
+  if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON \
+       >"$OUT/cmake.log" 2>&1 && cmake --build build/gpu >>"$OUT/cmake.log" 2>&1; then
+    if ctest --test-dir build/gpu --output-on-failure --no-tests=error -j4 >"$OUT/ctest.log" 2>&1; then
+      note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+    else
+      fail "ctest: FAILED: $(grep -E 'tests passed|tests failed|No tests were found' "$OUT/ctest.log" | tail -1)"
+    fi
+    grep -E "Failed|FAILED|Skipped|No tests" "$OUT/ctest.log" | head -20
+  else
+    tail -30 "$OUT/cmake.log"
+    fail "ctest build: FAILED (see cmake.log)"
+  fi
   python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
-  note "pytest gpu: $(tail -1 "$OUT/pytest_gpu.log")"
+  if [ "${PIPESTATUS[0]}" = 0 ]; then note "pytest gpu: $(tail -1 "$OUT/pytest_gpu.log")"
+  else fail "pytest gpu: FAILED: $(tail -1 "$OUT/pytest_gpu.log")"; fi
   python3 -m kernelflow demo 2>&1 | tail -8
 fi
 
@@ -44,7 +55,8 @@ fi
 if [[ " $modes " == *" sanitize "* || " $modes " == *" all "* ]]; then
   if [ -x scripts/sanitize.sh ]; then
     bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -20
-    note "sanitize: $(tail -1 "$OUT/sanitize.log")"
+    if [ "${PIPESTATUS[0]}" = 0 ]; then note "sanitize: $(tail -1 "$OUT/sanitize.log")"
+    else fail "sanitize: $(tail -1 "$OUT/sanitize.log")"; fi
   fi
 fi
 
@@ -53,3 +65,4 @@ fi
 echo
 echo "==== summary ($(cat "$OUT/gpu.txt"), $(( $(date +%s) - t0 )) s) ===="
 printf '%s\n' "${summary[@]}"
+exit $failed

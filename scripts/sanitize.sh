@@ -57,7 +57,8 @@ echo "## $("$CS" --version 2>/dev/null | grep -i version | head -1) ($CS)"
 if [ -d .deps/googletest ]; then export KF_GTEST_SOURCE_DIR=$PWD/.deps/googletest; fi
 export KF_CUDA_ARCHS=${KF_CUDA_ARCHS:-90}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/sanitize_build.log" 2>&1 &&
+if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON \
+         >"$OUT/sanitize_build.log" 2>&1 &&
        cmake --build "$BUILD" --target kf_cpp_tests >>"$OUT/sanitize_build.log" 2>&1; }; then
   tail -30 "$OUT/sanitize_build.log"
   fail_early "build: FAILED (see $OUT/sanitize_build.log)" "the tests did not build"

@@ -1,6 +1,8 @@
-// One DeepSeek-V2-Lite-shaped MLA decode step through the C API: metadata, then decode, on the
-// CPU backend and, when a GPU is present, on the GPU too; both are checked against a plain
-// double-precision loop. Exit code 0 when every check passes.
+// One DeepSeek-V2-Lite-shaped MLA decode step through the C API, in bf16: q [2, 1, 16, 576] and a
+// paged cache of bf16 rows (KF_KV_BF16, 64 tokens per page, pages scattered), two requests of 700
+// and 1500 positions, softmax scale 0.114721. The worker count, the metadata and the decode run on
+// the CPU backend and, when a GPU is present, on the GPU too; each output is checked against a
+// plain double-precision loop over the same bf16 inputs. Exit code 0 when every check passes.
 #include <kernelflow/kernelflow.h>
 
 #include <cmath>
@@ -128,7 +130,7 @@ std::vector<uint16_t> run_decode(const Problem& p, DLDevice dev, int device_id, 
   int64_t lse_shape[3] = {kBatch, kHq, kSq};
 
   int workers = 0;
-  CHECK_KF(kf_mla_default_num_workers(device_id, kHq, kSq, &workers));
+  CHECK_KF(kf_mla_default_num_workers_for_format(device_id, kHq, kSq, KF_KV_BF16, &workers));
   size_t meta_n = 0, ws_bytes = 0;
   CHECK_KF(kf_mla_metadata_size(kBatch, workers, &meta_n));
   CHECK_KF(kf_mla_workspace_size(kBatch, kHq, kSq, workers, &ws_bytes));
@@ -148,7 +150,7 @@ std::vector<uint16_t> run_decode(const Problem& p, DLDevice dev, int device_id, 
            tbt = tensor(bt, dev, i32, 2, bt_shape), tsl = tensor(sl, dev, i32, 1, sl_shape),
            tmeta = tensor(meta, dev, i32, 1, meta_shape), tws = tensor(ws, dev, u8, 1, ws_shape),
            tout = tensor(out, dev, bf16, 4, o_shape), tlse = tensor(lse, dev, f32, 3, lse_shape);
-  CHECK_KF(kf_mla_metadata(&tsl, kHq, kSq, workers, &tmeta, stream));
+  CHECK_KF(kf_mla_metadata_for_format(&tsl, kHq, kSq, workers, KF_KV_BF16, &tmeta, stream));
   CHECK_KF(kf_mla_decode(&tq, &tc, KF_KV_BF16, &tbt, &tsl, &tmeta, kScale, &tout, &tlse, &tws,
                          nullptr, stream));
   std::vector<uint16_t> result(size_t(kBatch) * kSq * kHq * kDimV);

@@ -17,7 +17,8 @@
  *                  (the byte map inside a page is docs/formats.md's, not per-token packing)
  *   block_table    int32 [b, max_pages_per_seq], last dim contiguous
  *   cache_seqlens  int32 [b]
- *   metadata       int32 [kf_mla_metadata_size(b, num_workers)], made by kf_mla_metadata
+ *   metadata       int32 [kf_mla_metadata_size(b, num_workers)],
+ *                  made by kf_mla_metadata_for_format
  *   out            [b, s_q, h_q, 512]  dtype of q, last dim contiguous
  *   lse            float32 [b, h_q, s_q] (natural log; -inf for a row that sees no position)
  *   workspace      uint8, at least kf_mla_workspace_size(...) bytes, 256-byte aligned
@@ -104,8 +105,6 @@ KF_API kf_status kf_cache_bytes_per_page(kf_kv_format format, int page_size, siz
  * caches run 16 rows per block); for the CPU (device_id = -1) a small fixed count. */
 KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, int s_q,
                                                        kf_kv_format kv_format, int* num_workers);
-/* kf_mla_default_num_workers_for_format for a 16-bit (KF_KV_BF16 / KF_KV_FP16) cache. */
-KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int* num_workers);
 /* int32 elements of the metadata for a batch and a worker count. */
 KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_elements);
 /* Fill metadata from cache_seqlens (on the same device), on `stream` (ignored for the CPU),
@@ -116,9 +115,6 @@ KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_el
 KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h_q, int s_q,
                                             int num_workers, kf_kv_format kv_format,
                                             DLTensor* metadata, void* stream);
-/* kf_mla_metadata_for_format for a 16-bit (KF_KV_BF16 / KF_KV_FP16) cache. */
-KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
-                                 DLTensor* metadata, void* stream);
 
 /* ---- decode ----------------------------------------------------------------------------- */
 

@@ -34,10 +34,6 @@ KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, i
   });
 }
 
-KF_API kf_status kf_mla_default_num_workers(int device_id, int h_q, int s_q, int* num_workers) {
-  return kf_mla_default_num_workers_for_format(device_id, h_q, s_q, KF_KV_BF16, num_workers);
-}
-
 KF_API kf_status kf_mla_metadata_size(int batch, int num_workers, size_t* num_elements) {
   return guarded([&] {
     KF_CHECK(check_batch(batch, "batch"));
@@ -73,12 +69,6 @@ KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h
     if (!dev.cuda) KF_CHECK(check_metadata_seqlens_host(p));
     return run_metadata(dev, p, stream);
   });
-}
-
-KF_API kf_status kf_mla_metadata(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
-                                 DLTensor* metadata, void* stream) {
-  return kf_mla_metadata_for_format(cache_seqlens, h_q, s_q, num_workers, KF_KV_BF16, metadata,
-                                    stream);
 }
 
 KF_API kf_status kf_mla_decode(const DLTensor* q, const DLTensor* kv_cache, kf_kv_format kv_format,

@@ -32,8 +32,30 @@ kf_status resolve_device(const DLTensor* t, const char* name, Device* dev) {
 
 namespace {
 
-kf_status cuda_fail(cudaError_t e, const char* what) {
+// The runtime's answers for a device this build has no usable code for: no image for its
+// architecture, or PTX the driver cannot compile.
+bool is_image_error(cudaError_t e) {
+  return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+         e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidPtx ||
+         e == cudaErrorJitCompilerNotFound || e == cudaErrorJitCompilationDisabled;
+}
+
+kf_status image_fail(cudaError_t e, const char* what, int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return fail(KF_ERROR_UNSUPPORTED, "%s: cuda:%d: no usable kernel image in this build (%s)",
+                what, device, cudaGetErrorName(e));
+  }
+  const std::string why =
+      kf::cuda::image_error_message(major, minor, kf::cuda::build_archs(), cudaGetErrorName(e));
+  return fail(KF_ERROR_UNSUPPORTED, "%s: cuda:%d: %s", what, device, why.c_str());
+}
+
+kf_status cuda_fail(cudaError_t e, const char* what, int device) {
   cudaGetLastError();  // a sticky launch error would otherwise fail the next call too
+  if (is_image_error(e)) return image_fail(e, what, device);
   // A launcher without a kernel for this configuration says so with cudaErrorNotSupported.
   return fail(e == cudaErrorNotSupported ? KF_ERROR_UNSUPPORTED : KF_ERROR_CUDA,
               "%s: CUDA error %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -59,13 +81,30 @@ class DeviceGuard {
   cudaError_t status_ = cudaSuccess;
 };
 
-template <typename Launch>
-kf_status launch_on(const Device& dev, const char* what, Launch&& launch) {
-  DeviceGuard guard(dev.id);
-  if (guard.status() != cudaSuccess) return cuda_fail(guard.status(), what);
-  const cudaError_t e = launch();
-  if (e != cudaSuccess) return cuda_fail(e, what);
+// The device's kernel family runs (src/cuda/family.h): checked with the device current, before
+// the first launch of every CUDA call; the answer is kept per device.
+kf_status check_family(const Device& dev, const char* what) {
+  const std::string& request = kf::cuda::kernel_family_env();
+  if (!kf::cuda::parse_family_request(request))
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "KF_KERNEL_FAMILY=%s in the environment: expected sm80 (the portable kernels on "
+                "every device) or auto, or unset",
+                request.c_str());
+  kf::cuda::KernelFamily family;
+  const cudaError_t e = kf::cuda::device_family(dev.id, &family);
+  if (e != cudaSuccess) return cuda_fail(e, what, dev.id);
   return KF_SUCCESS;
+}
+
+// Runs `cuda_call` (returning a cudaError_t) with the tensors' device current, once its kernel
+// family is known to run there.
+template <typename CudaCall>
+kf_status on_device(const Device& dev, const char* what, CudaCall&& cuda_call) {
+  DeviceGuard guard(dev.id);
+  if (guard.status() != cudaSuccess) return cuda_fail(guard.status(), what, dev.id);
+  KF_CHECK(check_family(dev, what));
+  const cudaError_t e = cuda_call();
+  return e == cudaSuccess ? KF_SUCCESS : cuda_fail(e, what, dev.id);
 }
 
 }  // namespace
@@ -84,7 +123,7 @@ kf_status check_backend(const Device& dev) {
   int major = 0, minor = 0;
   cudaError_t a = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.id);
   if (a == cudaSuccess) a = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev.id);
-  if (a != cudaSuccess) return cuda_fail(a, "compute capability query");
+  if (a != cudaSuccess) return cuda_fail(a, "compute capability query", dev.id);
   if (major < 8)
     return fail(KF_ERROR_UNSUPPORTED, "cuda:%d is sm_%d%d: the kernels need sm_80 or newer", dev.id,
                 major, minor);
@@ -102,12 +141,12 @@ int cuda_device_count() {
 
 kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
                                    int* num_workers) {
-  KF_CHECK(check_backend(Device{true, device_id}));
+  const Device dev{true, device_id};
+  KF_CHECK(check_backend(dev));
   // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
-  const cudaError_t e =
-      kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
-  if (e != cudaSuccess) return cuda_fail(e, "multiprocessor count query");
-  return KF_SUCCESS;
+  return on_device(dev, "default worker count", [&] {
+    return kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
+  });
 }
 
 std::string cuda_runtime_description() {
@@ -149,7 +188,7 @@ kf_status run_op(const Device& dev, const char* what, void (*cpu_fn)(const P&), 
     return KF_SUCCESS;
   }
 #if KF_WITH_CUDA
-  return launch_on(dev, what, cuda_launch);
+  return on_device(dev, what, cuda_launch);
 #else
   (void)what;
   return check_backend(dev);

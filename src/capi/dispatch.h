@@ -21,6 +21,10 @@ kf_status resolve_device(const DLTensor* t, const char* name, Device* dev);
 // message. Called before any host-side work on a CUDA call.
 kf_status check_backend(const Device& dev);
 
+// The operations, on the CPU backend or on the tensors' CUDA device. A CUDA call first makes the
+// device current and checks its kernel family (src/cuda/family.h): a device this build has no
+// usable code for gets KF_ERROR_UNSUPPORTED naming its architecture and the rebuild that adds
+// it, an unknown KF_KERNEL_FAMILY KF_ERROR_INVALID_ARGUMENT; no launch is tried.
 kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stream);
 kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream);
 kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream);

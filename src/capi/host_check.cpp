@@ -11,8 +11,8 @@ namespace {
 kf_status check_header_field(const int32_t* meta, int idx, int32_t want, const char* field) {
   if (meta[idx] == want) return KF_SUCCESS;
   return fail(KF_ERROR_INVALID_ARGUMENT,
-              "metadata: expected %s %d (of this call), got %d: make it with kf_mla_metadata for "
-              "this batch",
+              "metadata: expected %s %d (of this call), got %d: make it with "
+              "kf_mla_metadata_for_format for this batch",
               field, want, meta[idx]);
 }
 
@@ -48,8 +48,8 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
   const int32_t* meta = p.metadata;
   if (meta[kMetaMagicIdx] != kMetaMagic || meta[kMetaVersionIdx] != kMetaVersion)
     return fail(KF_ERROR_INVALID_ARGUMENT,
-                "metadata: expected magic 0x%08X version %d (made by kf_mla_metadata), got 0x%08X "
-                "version %d",
+                "metadata: expected magic 0x%08X version %d (made by kf_mla_metadata_for_format), "
+                "got 0x%08X version %d",
                 unsigned(kMetaMagic), kMetaVersion, unsigned(meta[kMetaMagicIdx]),
                 meta[kMetaVersionIdx]);
   KF_CHECK(check_header_field(meta, kMetaBatchIdx, p.batch, "batch"));
@@ -63,7 +63,8 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
   const int32_t fixed_cost = meta[kMetaFixedCostIdx];
   if (fixed_cost < 0 || fixed_cost > kMaxFixedCost)
     return fail(KF_ERROR_INVALID_ARGUMENT,
-                "metadata: fixed cost %d out of range 0..%d: make it with kf_mla_metadata",
+                "metadata: fixed cost %d out of range 0..%d: make it with "
+                "kf_mla_metadata_for_format",
                 fixed_cost, kMaxFixedCost);
   std::vector<int32_t> seqlens(p.cache_seqlens, p.cache_seqlens + p.batch);
   std::vector<int32_t> want(size_t(metadata_size(p.batch, p.num_workers)));
@@ -72,7 +73,7 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
     if (meta[i] != want[i])
       return fail(KF_ERROR_INVALID_ARGUMENT,
                   "metadata: does not match cache_seqlens (element %zu: expected %d, got %d); "
-                  "rebuild it with kf_mla_metadata after the lengths change",
+                  "rebuild it with kf_mla_metadata_for_format after the lengths change",
                   i, want[i], meta[i]);
   return KF_SUCCESS;
 }

@@ -10,7 +10,7 @@ namespace kf::capi {
 
 kf_status check_metadata_seqlens_host(const MlaMetadataParams& p);  // cache_seqlens >= 0
 // cache_seqlens in range, block_table entries in use inside the cache, metadata made by
-// kf_mla_metadata for this batch, h_q, s_q, worker count and these lengths.
+// kf_mla_metadata_for_format for this batch, h_q, s_q, worker count and these lengths.
 kf_status check_decode_contents_host(const MlaDecodeParams& p);
 kf_status check_append_contents_host(const CacheAppendParams& p);  // slots inside the cache
 

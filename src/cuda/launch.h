@@ -5,16 +5,23 @@
 #include <cuda_runtime_api.h>
 
 #include "core/params.h"
+#include "cuda/family.h"
 
 namespace kf::cuda {
 
-// Query-row tiles (thread blocks along the row axis) the decode kernel uses on `device` for
-// num_rows rows of a cache in kv_format. 16-bit: one tile up to 32 rows; more rows in 32-row
-// tiles where two of those blocks fit an SM (sm_90), else in 64-row tiles. 8-bit: 16 per tile.
-int mla_row_tiles(int device, int num_rows, KvFormat kv_format = KvFormat::kBF16);
-// The default worker count on `device`: SMs x decode blocks resident per SM (2 on sm_90, 1 on
-// sm_80/86/89), divided by mla_row_tiles; at least 1: one wave of blocks. The error of the SM
-// count query if it fails (*num_workers untouched).
+// The CUDA architectures this build holds code for (parsed from what CMake passed).
+const BuildArchs& build_archs();
+// The kernel family `device` runs, which must be the current device (the runtime answers for
+// that one): pick_family's choice, made once per device and confirmed by asking the runtime for
+// a portable kernel's attributes, so a device without code fails here, before any launch:
+// cudaErrorNoKernelImageForDevice when the build has no code for it, the driver's error when
+// it cannot compile the PTX, cudaErrorInvalidValue for an unknown KF_KERNEL_FAMILY.
+cudaError_t device_family(int device, KernelFamily* family);
+
+// The default worker count on `device` (the current device): SMs x decode blocks resident per
+// SM (2 on sm_90, 1 on sm_80/86/89) divided by the query-row tiles a call of num_rows rows of a
+// kv_format cache runs in; at least 1: one wave of blocks. On failure the error of the query
+// (*num_workers untouched).
 cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format,
                                     int* num_workers);
 

@@ -1,6 +1,6 @@
-// Which instantiation of the decode kernel runs a call: one choice, made here, that the launch,
-// the row-tile count and the default worker count all read. Host code with no CUDA dependency,
-// so the CPU tests check the rule (cpp_tests/test_decode_config.cpp).
+// Which instantiation of the portable (sm80) family's decode kernel runs a call: one choice,
+// made here, that its launch, its row-tile count and the default worker count all read. Host code
+// with no CUDA dependency, so the CPU tests check the rule (cpp_tests/test_decode_config.cpp).
 #pragma once
 
 #include "core/mla_shape.h"
@@ -20,14 +20,12 @@ enum class DecodeConfig {
 // 16-bit caches, more than 32 rows: 32-row tiles (4 warps) where two such blocks fit an SM, else
 // 64-row tiles (8 warps, one block per SM, row group 1's P V deferred a tile). Two 32-row blocks
 // fit on sm_90 (228 KB of shared memory per SM), not on sm_80 (164 KB) or sm_86/89 (100 KB), so
-// GeForce Ampere keeps the 64-row design. Measured on the H200 (research harness, bf16, h_q 128,
-// s_k 4096, one wave either way): b=64 355.0 -> 328.9 us, b=8 60.7 -> 57.9 us
-// (research/perf/s6/bf16rows.txt).
-// 8-bit caches: 16-row tiles for every row count (more rows, more row tiles). A 32-row block of
-// two row groups converted each tile once per group anyway, and its 8 warps at 241 registers
-// fit once per SM; two 16-row blocks per SM run independently. Measured (H200, research
-// harness, worker count matched to one wave): fp8 32 rows b=64 s_k 4096 131.5 -> 115.6 us,
-// h_q 128 b=64 442.8 -> 391.5 us (research/perf/s6/rows.txt).
+// GeForce Ampere keeps the 64-row design. Where they fit, two independent blocks per SM are the
+// faster choice: the second one hides the first one's per-tile latency (loads, the softmax's
+// reductions), where one 8-warp block runs its two row groups through each tile together.
+// 8-bit caches: 16-row tiles for every row count (more rows, more row tiles). A tile of two row
+// groups would dequantize each KV tile once per group anyway, and its 8 warps (at about 240
+// registers) fit once per SM; 16-row blocks fit twice and run independently.
 // two_32_row_blocks_fit() is called only when the answer matters (16-bit, more than 32 rows):
 // on a GPU it is an occupancy query.
 template <class TwoFit>

@@ -1,5 +1,5 @@
-// The instantiated configurations of the portable decode kernel (one .cu file each, so a small
-// machine builds them in parallel and a change rebuilds one family).
+// The instantiated configurations of the portable family's decode kernel (a few per .cu file, so
+// a small machine builds them in parallel and a change to one rebuilds only its file).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,0 +1,23 @@
+// One decode kernel family as the launcher sees it (src/cuda/decode/mla_decode_launch.cu holds
+// the table from KernelFamily to these). Each family defines its entry in its own folder.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/params.h"
+
+namespace kf::cuda {
+
+struct DecodeFamily {
+  // Query-row tiles (thread blocks along the row axis) for num_rows rows of a kv_format cache.
+  int (*row_tiles)(int device, int num_rows, KvFormat kv_format);
+  // Decode blocks of that configuration resident on one SM of `device` at once.
+  int (*blocks_per_sm)(int device, int num_rows, KvFormat kv_format);
+  // Launch the decode of validated params on the current device (the pieces, not the combine).
+  cudaError_t (*run)(const MlaDecodeParams& p, cudaStream_t stream);
+};
+
+// The portable family: src/cuda/decode/sm80/decode_family_sm80.cu.
+extern const DecodeFamily kDecodeSm80;
+
+}  // namespace kf::cuda

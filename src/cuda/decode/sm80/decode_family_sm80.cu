@@ -1,0 +1,55 @@
+// The portable decode family (sm_80 and newer, mma.sync): the configuration a call runs
+// (decode_config.h), how many of its blocks fit an SM, and its launch.
+#include "cuda/common/device_flag.h"
+#include "cuda/common/env_flag.h"
+#include "cuda/decode/decode_config.h"
+#include "cuda/decode/decode_family.h"
+#include "cuda/decode/sm80/mla_decode_sm80.h"
+
+namespace kf::cuda {
+namespace {
+
+// The configuration on `device`: decode_config with whether two 32-row blocks fit an SM, asked
+// once per device. KF_DECODE_64_ROW_TILES=1 in the environment keeps the 64-row tiles everywhere
+// (the GPU tests run the GeForce Ampere design on the H200 with it).
+DecodeConfig device_decode_config(int device, int num_rows, KvFormat kv_format) {
+  return decode_config(num_rows, kv_format, [device] {
+    static const bool forced_64 = env_flag("KF_DECODE_64_ROW_TILES");
+    static DeviceFlag two_fit;  // once per device, not per launch
+    return !forced_64 && two_fit.get(device, [device] {
+      return mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device) >= 2;
+    });
+  });
+}
+
+int row_tiles(int device, int num_rows, KvFormat kv_format) {
+  return decode_config_row_tiles(device_decode_config(device, num_rows, kv_format), num_rows);
+}
+
+// Counted for bf16 q (the fp16 instantiation has the same shared memory and block size).
+int blocks_per_sm(int device, int num_rows, KvFormat kv_format) {
+  return with_instance(device_decode_config(device, num_rows, kv_format), [&](auto in) {
+    using In = decltype(in);
+    return mla_decode_sm80_blocks_per_sm<typename In::Traits, __nv_bfloat16, In::kFmt>(device);
+  });
+}
+
+template <typename T>
+cudaError_t run_dtype(const MlaDecodeParams& p, cudaStream_t stream) {
+  const DecodeConfig c = device_decode_config(current_device(), p.num_rows, p.kv_format);
+  return with_instance(c, [&](auto in) {
+    using In = decltype(in);
+    return run_mla_decode_sm80<typename In::Traits, T, In::kFmt>(p, stream);
+  });
+}
+
+cudaError_t run(const MlaDecodeParams& p, cudaStream_t stream) {
+  return p.dtype == DType::kBF16 ? run_dtype<__nv_bfloat16>(p, stream)
+                                 : run_dtype<__half>(p, stream);
+}
+
+}  // namespace
+
+const DecodeFamily kDecodeSm80 = {row_tiles, blocks_per_sm, run};
+
+}  // namespace kf::cuda
