@@ -146,6 +146,83 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
 KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache,
                                   kf_kv_format dst_format, void* stream);
 
+/* ---- the fused decode layer ------------------------------------------------------------- */
+
+/* One decoding step of L MLA attention layers (DeepSeek-V2-Lite, V2, V3; docs/spec.md section 3)
+ * replayed as one CUDA graph: per layer the projections as weight-streaming GEMMs, the prologue
+ * (RMSNorm, RoPE, the cache write with quantize-on-write, the query row), the absorbed attention
+ * and the output projection; the scheduler metadata once per step for all layers. Layer l's
+ * output is layer l+1's input (the attention blocks chained: residuals, norms and MLPs belong to
+ * the caller's model). On the CPU backend the same layers run in fp32 when launched. */
+
+#define KF_LAYER_MAX_BATCH 128
+
+typedef struct kf_layer_config {
+  int hidden_size;      /* model width: 2048 (V2-Lite), 5120 (V2), 7168 (V3) */
+  int num_heads;        /* query heads on this device, 1..128 (a tensor-parallel shard) */
+  int q_lora_rank;      /* 0: no query compression (V2-Lite); else its rank (1536 for V2/V3) */
+  int kv_lora_rank;     /* 512 (the cache's latent) */
+  int qk_nope_head_dim; /* 128 */
+  int qk_rope_head_dim; /* 64 (the cache's rope part) */
+  int v_head_dim;       /* 128 */
+  float rms_norm_eps;   /* 1e-6 for DeepSeek */
+  float softmax_scale;  /* explicit: 0.114721 (V2-Lite), 0.135234 (V3) */
+  kf_kv_format kv_format;
+  int page_size;        /* tokens per cache page */
+  int max_batch;        /* rows of the static buffers, 1..KF_LAYER_MAX_BATCH */
+  int max_pages_per_seq;/* columns of block_table */
+  int max_position;     /* rows of the cos/sin table */
+} kf_layer_config;
+
+/* One layer's weights, bf16, each [out_features, in_features] row-major (a torch.nn.Linear
+ * weight, as checkpoints store them), and its paged cache. Heads are ordered as in the
+ * checkpoint: w_q / w_q_b rows are [head][nope | rope], w_kv_b rows [head][nope (W_UK) | v (W_UV)]. */
+typedef struct kf_layer_weights {
+  const DLTensor* w_q;       /* [num_heads * (nope + rope), hidden]; NULL when q_lora_rank > 0 */
+  const DLTensor* w_q_a;     /* [q_lora_rank, hidden]; NULL when q_lora_rank == 0 */
+  const DLTensor* q_a_norm;  /* [q_lora_rank]; NULL when q_lora_rank == 0 */
+  const DLTensor* w_q_b;     /* [num_heads * (nope + rope), q_lora_rank]; likewise */
+  const DLTensor* w_kv_a;    /* [kv_lora_rank + rope, hidden] */
+  const DLTensor* kv_a_norm; /* [kv_lora_rank] */
+  const DLTensor* w_kv_b;    /* [num_heads * (nope + v), kv_lora_rank] */
+  const DLTensor* w_o;       /* [hidden, num_heads * v] */
+  DLTensor* kv_cache;        /* [num_pages, page_size, 576] (16-bit) or uint8 [..., 644] */
+} kf_layer_weights;
+
+/* The static buffers a graph reads and writes; the caller updates their contents between
+ * replays (never their addresses). Row b < batch of each is request b. */
+typedef struct kf_layer_io {
+  const DLTensor* hidden;        /* bf16 [max_batch, hidden]: layer 0's input */
+  DLTensor* output;              /* bf16 [max_batch, hidden]: the last layer's output */
+  const DLTensor* positions;     /* int32 [max_batch]: the new token's RoPE position */
+  const DLTensor* cache_seqlens; /* int32 [max_batch]: lengths after this step's append; the new
+                                    row is written at position cache_seqlens[b] - 1 */
+  const DLTensor* block_table;   /* int32 [max_batch, max_pages_per_seq] */
+  const DLTensor* cos_sin;       /* float32 [max_position, 2, rope / 2]: cos then sin of each
+                                    rotary pair (i = 0 .. 31) at each position */
+  DLTensor* error_buffer;        /* optional int32[KF_ERROR_BUFFER_LEN] (bad positions, lengths,
+                                    pages are clamped or skipped and flagged here) */
+} kf_layer_io;
+
+typedef struct kf_layer_graph kf_layer_graph;
+
+/* Bytes of workspace a graph of this config needs for `batch` requests and num_workers decode
+ * workers (0: the device's default); device_id -1 for the CPU backend. */
+KF_API kf_status kf_layer_workspace_size(const kf_layer_config* config, int batch, int num_workers,
+                                         int device_id, size_t* bytes);
+/* Validate everything and build the graph of num_layers layers for the first `batch` rows of the
+ * static buffers (on the tensors' device; nothing is written on failure). workspace: uint8 of at
+ * least kf_layer_workspace_size bytes, on the same device, alive as long as the graph. */
+KF_API kf_status kf_layer_graph_create(const kf_layer_config* config,
+                                       const kf_layer_weights* layers, int num_layers,
+                                       const kf_layer_io* io, int batch, int num_workers,
+                                       DLTensor* workspace, kf_layer_graph** graph);
+/* One step: every layer, on `stream` (CUDA), or run now (CPU). */
+KF_API kf_status kf_layer_graph_launch(kf_layer_graph* graph, void* stream);
+/* Kernel nodes in the CUDA graph (0 on the CPU backend). */
+KF_API kf_status kf_layer_graph_kernel_nodes(const kf_layer_graph* graph, int* nodes);
+KF_API void kf_layer_graph_destroy(kf_layer_graph* graph);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,76 @@
+// The fused decode layer (docs/spec.md section 3) as plain structs: the dimensions, one layer's
+// weights, the static buffers of a step, and the workspace layout. Filled by src/capi after
+// validation; read by the CPU backend (src/cpu/layer.cpp) and the CUDA graph builder
+// (src/cuda/layer/). No DLPack, no framework.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/mla_shape.h"
+
+namespace kf {
+
+struct LayerDims {
+  int hidden;        // model width
+  int heads;         // query heads on this device
+  int q_lora;        // 0: no query compression
+  int kv_lora;       // 512 = kLatentDim
+  int nope;          // 128
+  int rope;          // 64 = kRopeDim
+  int v;             // 128
+  float eps;         // RMSNorm epsilon
+  float softmax_scale;
+  KvFormat kv_format;
+  int page_size, page_shift;
+  int max_batch, max_pages_per_seq, max_position;
+
+  int q_head() const { return nope + rope; }        // 192: one head of the query projection
+  int q_out() const { return heads * q_head(); }    // rows of w_q / w_q_b
+  int kv_a_out() const { return kv_lora + rope; }   // 576: rows of w_kv_a
+  int kv_b_out() const { return heads * (nope + v); }
+  int o_in() const { return heads * v; }            // columns of w_o
+};
+
+// Weights are bf16, [out, in] row-major with the given row stride (elements); the cache as in
+// MlaDecodeParams (16-bit: elements, 8-bit: bytes).
+struct LayerWeights {
+  const uint16_t* w_q;       // q_lora == 0
+  const uint16_t* w_q_a;     // q_lora > 0
+  const uint16_t* q_a_norm;  // q_lora > 0
+  const uint16_t* w_q_b;     // q_lora > 0
+  const uint16_t* w_kv_a;
+  const uint16_t* kv_a_norm;
+  const uint16_t* w_kv_b;
+  const uint16_t* w_o;
+  int64_t w_q_stride, w_q_a_stride, w_q_b_stride, w_kv_a_stride, w_kv_b_stride, w_o_stride;
+  void* kv_cache;
+  int num_pages;
+  int64_t kv_page_stride, kv_token_stride;
+};
+
+// The static buffers of a step (row b < batch is request b).
+struct LayerIo {
+  const uint16_t* hidden;  // bf16 [max_batch, hidden], row stride hidden_stride
+  uint16_t* output;        // bf16 [max_batch, hidden], row stride output_stride
+  int64_t hidden_stride, output_stride;
+  const int32_t* positions;      // [max_batch]
+  const int32_t* cache_seqlens;  // [max_batch]
+  const int32_t* block_table;    // [max_batch, max_pages_per_seq]
+  int64_t block_table_stride;
+  const float* cos_sin;          // [max_position, 2, rope / 2], compact
+  int32_t* error_buffer;         // nullable
+};
+
+struct LayerGraphParams {
+  LayerDims dims;
+  int num_layers;
+  const LayerWeights* layers;  // [num_layers], host memory, copied by the builder
+  LayerIo io;
+  int batch;
+  int num_workers;   // decode workers (resolved: >= 1)
+  void* workspace;   // layer_workspace_bytes(dims, batch, num_workers) bytes, 256-byte aligned
+  size_t workspace_bytes;
+};
+
+}  // namespace kf
