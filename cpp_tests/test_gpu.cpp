@@ -300,7 +300,7 @@ TEST(Gpu8bit, DecodeMatchesCpuBackend) {
       CUDA_OK(cudaDeviceSynchronize());
       Built gpu = build_problem(pr, rng);
       CUDA_OK(dev.download_results(gpu));
-      expect_close_to(gpu, cpu);  // SPEC.md: same 8-bit cache, GPU vs CPU, worst row < 1e-5
+      expect_close_to(gpu, cpu);  // docs/spec.md section 4: same 8-bit cache, GPU vs CPU, worst row < 1e-5
     }
 #endif
 }

@@ -36,7 +36,7 @@ std::vector<double> row_of(HostTensor& o, const Problem& pr, int r, int s, int h
 }
 
 // Two finished decodes of one problem (x: GPU, y: CPU backend): rows that see nothing exactly 0
-// and -inf in both, other rows within SPEC.md's thresholds.
+// and -inf in both, other rows within docs/spec.md section 4's thresholds.
 void expect_outputs_close(const Problem& pr, HostTensor& xo, HostTensor& xl, HostTensor& yo,
                           HostTensor& yl, double max_cos = 1e-5, double max_lse = 1e-4) {
   double worst = 0, worst_lse = 0;
