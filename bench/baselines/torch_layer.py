@@ -260,7 +260,7 @@ def torch_layers(cfg, layers: list, hidden: torch.Tensor, positions: torch.Tenso
     return x
 
 
-# ---- attention ------------------------------------------------------------------------------------
+# ---- attention -----------------------------------------------------------------------------------
 
 class KernelflowAttention:
     """kernelflow.mla_decode with its buffers made once (metadata, out, lse, workspace) for a
