@@ -233,6 +233,16 @@ def graph_node_types(raw_graph: int) -> Counter:
     return walk(raw_graph, Counter())
 
 
+def cuda_driver_version() -> str:
+    """The driver's CUDA version, e.g. '13.0' (cuDriverGetVersion), or why it is unknown."""
+    try:
+        version = ctypes.c_int(0)
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError as e:
+        return f"unknown ({e})"
+
+
 def profiled_kernels(fn, device) -> list:
     """(name, microseconds) of every kernel fn launches, from torch.profiler (CUPTI)."""
     from torch.autograd import DeviceType
@@ -680,7 +690,8 @@ def main() -> int:
         props = torch.cuda.get_device_properties(device)
         l2_bytes = getattr(props, "L2_cache_size", 60 << 20)
         out.update({"device": props.name, "num_sms": props.multi_processor_count,
-                    "l2_bytes": l2_bytes, "driver_cuda": torch.version.cuda})
+                    "l2_bytes": l2_bytes})
+        out["versions"]["cuda_driver"] = cuda_driver_version()
     log(f"device: {out['device']}; torch {torch.__version__}; kernelflow {kf.__version__} "
         f"({kf.build_info()}) from {kf.__file__}; {out['date']}")
     log(f"command: {out['command']}")
