@@ -1,0 +1,731 @@
+#!/usr/bin/env python3
+"""Decode-layer benchmark: the fused layer graph (kernelflow.DecodeGraph) against the unfused
+PyTorch layer (bench/baselines/torch_layer.py, attention by kernelflow.mla_decode), on the
+DeepSeek-V2-Lite attention block of docs/spec.md section 3.
+
+Setup: --layers (27) layers of the V2-Lite shape, each with its own random weights and its own
+paged cache (page 64, pages scattered over the pool); every request at s_k = 4096 after this
+step's append; b in --batch (1, 8, 32, 64). Reported in microseconds per layer, one run:
+  - unfused eager: the torch layer called 27 times (the metadata once per step);
+  - unfused graph: the same 27 layers captured in one torch.cuda.CUDAGraph;
+  - fused: one kernelflow.DecodeGraph of 27 layers with the bf16 cache, and with fp8_e4m3 and
+    int8 caches made by kernelflow.convert_cache from the bf16 ones;
+  - the floor: (weights + b * s_k * bytes_per_token) / the read peak, per layer; the weights'
+    bytes counted from the shapes (27.5 MB), bytes per token 1152 (bf16) or 644 (8-bit), the read
+    peak measured by bench/peaks.py in this run (as bench_decode.py gets it: --peaks-json reuses a
+    peaks.py result, --peaks-from-spec takes docs/spec.md's);
+  - speedups: the unfused graph's time / each one's; kernel nodes per layer: for torch's graph
+    counted with cuGraphGetNodes on its cudaGraph_t (CUDAGraph(keep_graph=True); the
+    torch.profiler count of one eager step where that is unavailable), for ours g.kernel_nodes;
+    both include the once-per-step nodes (the metadata), spread over the layers;
+  - docs/spec.md section 5's unfused figures (attention by FlashMLA, H200, 2026-11-30) beside,
+    labelled "not from this run".
+The skinny GEMM alone: torch.matmul(x [b, in], W^T) over distinct weights of each V2-Lite
+projection (W_q, W_kv_a, W_o) in one CUDA graph: 27 of them, more where 27 would stay within
+4x L2 (so each GEMM reads its weights from memory); microseconds per GEMM and GB/s against the
+read peak. kernelflow exposes no stand-alone GEMM: its projections are timed only inside the
+fused graph (--breakdown lists the fused graph's kernels by name with their times, from
+torch.profiler).
+V3 row: --v3-layers (4) layers of the V3 shape (hidden 7168, 128 heads, q_lora 1536; 374 MB of
+weights per layer), b = 1 and 64, fused bf16 against its floor (and the unfused graph).
+
+Timing: CUDA events around each call (a graph replay, a DecodeGraph launch, an eager step) after
+warm-ups; the median over --replays, divided by the layer count. No cache or weight rotation is
+needed for the layer graphs: one step reads every layer's weights once (27 x 27.5 MB = 743 MB,
+12x the H200's 60 MiB L2) and its caches, so nothing a layer reads is still in L2 when the next
+replay reaches it.
+Check before timing: the fused output against the torch layer's on the same inputs (the torch
+layer writing into its own copy of the caches, decoding the same cache format): cosine distance
+1 - 2<x,y>/(|x|^2+|y|^2) of the whole output after all the layers, PASS below 1e-4; the 8-bit
+outputs also against the fused bf16 output (reported); the cache rows the two wrote (bf16); the
+error buffer clean.
+
+    python3 bench/bench_layer.py --json $OUT/layer.json       # everything, ~3 min
+    python3 bench/bench_layer.py --quick --no-unfused         # b 1 and 64, fused only
+    python3 bench/bench_layer.py --device cpu                 # CPU smoke test, tiny shapes
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import kernelflow as kf  # noqa: E402
+from baselines import torch_layer as tl  # noqa: E402
+from kernelflow import reference as kf_ref  # noqa: E402
+
+ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
+SPEC_LABEL = ("docs/spec.md section 5: unfused PyTorch layer, attention by FlashMLA, H200, "
+              "2026-11-30 (not from this run)")
+BYTES_PER_TOKEN = {"bf16": 1152, "fp8_e4m3": 644, "int8": 644}
+MAX_COS_DIST = 1e-4  # fused vs torch layer, same cache format (docs/spec.md section 3)
+# Issue 14's bounds, microseconds per layer at s_k = 4096, and kernel nodes per layer.
+TARGETS = {("bf16", 1): 25.0, ("bf16", 64): 95.0, ("fp8_e4m3", 64): 60.0}
+MAX_NODES_PER_LAYER = 8
+GEMM_PROJECTIONS = ("w_q", "w_kv_a", "w_o")
+
+
+def log(msg: str = ""):
+    print(msg, flush=True)
+
+
+def short_err(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0][:300] if s else ''}"
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description="decode-layer benchmark (see the module docstring)")
+    ap.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 8 32 64")
+    ap.add_argument("--layers", type=int, default=None, help="V2-Lite layers (default 27)")
+    ap.add_argument("--s-k", type=int, default=None, help="cache length after the append (4096)")
+    ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--formats", nargs="+", choices=list(BYTES_PER_TOKEN), default=None,
+                    help="fused cache formats (default all three)")
+    ap.add_argument("--v3-layers", type=int, default=None, help="V3 layers (default 4; 0 skips)")
+    ap.add_argument("--v3-batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--quick", action="store_true", help="b 1 and 64, fewer replays")
+    ap.add_argument("--no-unfused", action="store_true", help="skip the torch layer's timings")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the skinny GEMM table")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="list the fused bf16 graph's kernels and times (torch.profiler)")
+    ap.add_argument("--replays", type=int, default=None, help="timed graph launches (30)")
+    ap.add_argument("--eager-replays", type=int, default=None, help="timed eager steps (10)")
+    ap.add_argument("--warmups", type=int, default=3)
+    ap.add_argument("--peaks-json", help="use the peaks that a `peaks.py --json` run wrote")
+    ap.add_argument("--peaks-from-spec", action="store_true",
+                    help="use docs/spec.md's H200 peaks instead of measuring them")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a smoke test of the same code on tiny shapes (CPU backend)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write everything here (e.g. $OUT/layer.json)")
+    args = ap.parse_args()
+    cpu = args.device == "cpu"
+    defaults = {"batch": [1, 3] if cpu else ([1, 64] if args.quick else [1, 8, 32, 64]),
+                "layers": 2 if cpu else 27, "s_k": 200 if cpu else 4096,
+                "formats": list(BYTES_PER_TOKEN), "v3_layers": 2 if cpu else 4,
+                "replays": 3 if cpu else (10 if args.quick else 30),
+                "eager_replays": 3 if cpu else (5 if args.quick else 10)}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if cpu:
+        args.v3_batch, args.warmups = [1, 3], 1
+    if min(args.batch + args.v3_batch) < 1 or args.layers < 1 or args.s_k < 1:
+        ap.error("--batch, --v3-batch, --layers and --s-k take positive values")
+    return args
+
+
+def shapes_for(args):
+    """(V2-Lite shape, V3 shape): the models' on the GPU, small ones of the same kinds on the
+    CPU (no query compression / with it)."""
+    if args.device == "cpu":
+        return (tl.LayerShape(hidden_size=256, num_heads=4, q_lora_rank=0,
+                              softmax_scale=tl.SCALE_V2_LITE),
+                tl.LayerShape(hidden_size=320, num_heads=8, q_lora_rank=96,
+                              softmax_scale=tl.SCALE_V3))
+    return tl.LayerShape.deepseek_v2_lite(), tl.LayerShape.deepseek_v3()
+
+
+# ---- timing and graphs --------------------------------------------------------------------------
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn, replays: int, warmups: int, device) -> dict:
+    """Median and min microseconds of one call of fn: CUDA events around each call on the
+    current stream (the host clock on the CPU), after `warmups` calls."""
+    for _ in range(warmups):
+        fn()
+    synchronize(device)
+    if device.type == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for start, stop in zip(starts, stops):
+            start.record()
+            fn()
+            stop.record()
+        torch.cuda.synchronize(device)
+        us = [1e3 * a.elapsed_time(z) for a, z in zip(starts, stops)]
+    else:
+        us = []
+        for _ in range(replays):
+            t0 = time.perf_counter()
+            fn()
+            us.append(1e6 * (time.perf_counter() - t0))
+    return {"us": statistics.median(us), "us_min": min(us), "replays": replays}
+
+
+def capture(fn):
+    """(graph, fn's result inside it): fn run once on a side stream (cuBLAS and the allocator
+    warmed up off the capture), then captured in one torch.cuda.CUDAGraph, kept as a cudaGraph_t
+    where this torch allows so that its nodes can be counted."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    try:
+        graph, kept = torch.cuda.CUDAGraph(keep_graph=True), True
+    except TypeError:
+        graph, kept = torch.cuda.CUDAGraph(), False
+    with torch.cuda.graph(graph):
+        result = fn()
+    if kept:
+        graph.instantiate()
+    graph.replay()
+    torch.cuda.synchronize()
+    graph.kept_raw_graph = kept
+    return graph, result
+
+
+# CUgraphNodeType (cuda.h)
+NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
+              6: "wait_event", 7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait",
+              10: "mem_alloc", 11: "mem_free", 12: "batch_mem_op", 13: "conditional"}
+
+
+def graph_node_types(raw_graph: int) -> Counter:
+    """Node types of a cudaGraph_t (a CUgraph to the driver), child graphs included, through
+    the driver API (libcuda's cuGraphGetNodes / cuGraphNodeGetType)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} returned CUresult {rc}")
+
+    def walk(graph, counts):
+        n = ctypes.c_size_t(0)
+        check(cuda.cuGraphGetNodes(ctypes.c_void_p(graph), None, ctypes.byref(n)),
+              "cuGraphGetNodes")
+        nodes = (ctypes.c_void_p * n.value)()
+        check(cuda.cuGraphGetNodes(ctypes.c_void_p(graph), nodes, ctypes.byref(n)),
+              "cuGraphGetNodes")
+        for node in nodes[:n.value]:
+            kind = ctypes.c_int(-1)
+            check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)),
+                  "cuGraphNodeGetType")
+            counts[NODE_TYPES.get(kind.value, str(kind.value))] += 1
+            if kind.value == 4:
+                child = ctypes.c_void_p()
+                check(cuda.cuGraphChildGraphNodeGetGraph(ctypes.c_void_p(node),
+                                                         ctypes.byref(child)),
+                      "cuGraphChildGraphNodeGetGraph")
+                walk(child.value, counts)
+        return counts
+
+    return walk(raw_graph, Counter())
+
+
+def cuda_driver_version() -> str:
+    """The driver's CUDA version, e.g. '13.0' (cuDriverGetVersion), or why it is unknown."""
+    try:
+        version = ctypes.c_int(0)
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError as e:
+        return f"unknown ({e})"
+
+
+def profiled_kernels(fn, device) -> list:
+    """(name, microseconds) of every kernel fn launches, from torch.profiler (CUPTI)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        synchronize(device)
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def count_graph_kernels(graph, eager_fn, device) -> dict:
+    """Kernel nodes of a captured torch graph, and how they were counted."""
+    if graph.kept_raw_graph:
+        try:
+            counts = graph_node_types(graph.raw_cuda_graph())
+            return {"kernels": counts.get("kernel", 0), "node_types": dict(counts),
+                    "method": "cuGraphGetNodes on the captured cudaGraph_t"}
+        except Exception as e:  # noqa: BLE001
+            log(f"    (cuGraphGetNodes failed: {short_err(e)}; counting with torch.profiler)")
+    kernels = profiled_kernels(eager_fn, device)
+    return {"kernels": len(kernels),
+            "method": "torch.profiler: kernels launched by one eager step"}
+
+
+# ---- the two implementations ---------------------------------------------------------------------
+
+def layer_dicts(weights: list, caches: list) -> list:
+    return [dict(w, kv_cache=c) for w, c in zip(weights, caches)]
+
+
+def torch_step(shape, weights, caches, step, attention, kv_format="bf16"):
+    """A callable running the unfused torch layers over one step."""
+    layers = layer_dicts(weights, caches)
+    return lambda: tl.torch_layers(shape, layers, step.hidden, step.positions, step.cache_seqlens,
+                                   step.block_table, step.cos_sin, attention=attention,
+                                   kv_format=kv_format)
+
+
+def has_decode_graph() -> bool:
+    return hasattr(kf, "DecodeGraph") and hasattr(kf, "LayerConfig")
+
+
+def fused_graph(shape, weights, caches, step, kv_format, output, error_buffer):
+    """kernelflow.DecodeGraph of len(weights) layers over the step's static buffers (docs:
+    python/kernelflow/layer.py); its workspace is allocated in torch by the library."""
+    cfg = kf.LayerConfig(**vars(shape), kv_format=kv_format, page_size=step.page_size,
+                         max_batch=step.batch, max_pages_per_seq=int(step.block_table.shape[1]),
+                         max_position=int(step.cos_sin.shape[0]))
+    return kf.DecodeGraph(cfg, layer_dicts(weights, caches), hidden=step.hidden, output=output,
+                          positions=step.positions, cache_seqlens=step.cache_seqlens,
+                          block_table=step.block_table, cos_sin=step.cos_sin,
+                          error_buffer=error_buffer)
+
+
+def kernel_nodes(graph) -> int:
+    n = graph.kernel_nodes
+    return int(n() if callable(n) else n)
+
+
+def cos_dist(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(kf_ref.cosine_distance(a.double().cpu().numpy(), b.double().cpu().numpy(),
+                                        axis=None))
+
+
+def written_rows(caches: list, step) -> torch.Tensor:
+    """The rows at cache_seqlens - 1 of every layer's 16-bit cache, [layers, b, 576]."""
+    slots = tl.cache_slots(step.cache_seqlens, step.block_table, step.page_size)
+    return torch.stack([c.view(-1, tl.HEAD_DIM)[slots] for c in caches])
+
+
+# ---- one configuration ---------------------------------------------------------------------------
+
+def floor_us(weight_bytes: int, b: int, s_k: int, kv_format: str, read_gbps: float) -> float:
+    return (weight_bytes + b * s_k * BYTES_PER_TOKEN[kv_format]) / (read_gbps * 1e9) * 1e6
+
+
+def run_unfused(shape, weights, step, args, device, graph_too=True, eager=True) -> dict:
+    """The torch layer's microseconds per layer, eager and as one captured graph, its kernel
+    nodes per layer, and the graph's output against an eager step's."""
+    n = len(weights)
+    res = {}
+    attention = tl.KernelflowAttention(step.cache_seqlens, shape.num_heads)
+    fn = torch_step(shape, weights, step.caches, step, attention)
+    if eager:
+        t = time_calls(fn, args.eager_replays, args.warmups, device)
+        res["eager_us"] = t["us"] / n
+        log(f"  unfused eager       : {res['eager_us']:9.1f} us/layer")
+    if graph_too and device.type == "cuda":
+        want = fn().clone()
+        graph, out = capture(fn)
+        res["graph_vs_eager_identical"] = bool(torch.equal(out, want))
+        t = time_calls(graph.replay, args.replays, args.warmups, device)
+        res["graph_us"] = t["us"] / n
+        nodes = count_graph_kernels(graph, fn, device)
+        res["nodes_per_layer"] = nodes["kernels"] / n
+        res["nodes"] = nodes
+        log(f"  unfused graph       : {res['graph_us']:9.1f} us/layer, "
+            f"{res['nodes_per_layer']:.1f} kernel nodes/layer ({nodes['kernels']} in all; "
+            f"{nodes['method']}); replay "
+            f"{'bit-identical to' if res['graph_vs_eager_identical'] else 'DIFFERS from'} eager")
+        del graph, out
+    return res
+
+
+def run_fused(shape, weights, step, kv_format, args, device, fused16=None) -> dict:
+    """The fused graph over caches of kv_format: checked against the torch layer on its own copy
+    of the same caches, then timed. fused16: the fused bf16 graph's output, which the 8-bit
+    ones are compared with."""
+    n = len(weights)
+    res = {"format": kv_format}
+    caches = (step.caches if kv_format == "bf16"
+              else [kf.convert_cache(c, kv_format=kv_format) for c in step.caches])
+    own = [c.clone() for c in caches]
+    attention = tl.KernelflowAttention(step.cache_seqlens, shape.num_heads, kv_format)
+    want = torch_step(shape, weights, own, step, attention, kv_format)()
+    output = torch.full_like(step.hidden, float("nan"))
+    errors = kf.new_error_buffer(step.hidden)
+    stream = torch.cuda.current_stream() if device.type == "cuda" else None
+    with fused_graph(shape, weights, caches, step, kv_format, output, errors) as graph:
+        graph.launch(stream=stream)
+        synchronize(device)
+        res["cos_dist_vs_torch"] = cos_dist(output, want)
+        res["ok"] = bool(res["cos_dist_vs_torch"] < MAX_COS_DIST)
+        if kv_format == "bf16":
+            res["cache_rows_cos_dist"] = cos_dist(written_rows(caches, step),
+                                                  written_rows(own, step))
+        elif fused16 is not None:
+            res["cos_dist_vs_fused_bf16"] = cos_dist(output, fused16)
+        del own
+        res["error_buffer"] = errors.tolist()
+        res["error_buffer_clean"] = res["error_buffer"][0] == 0
+        res["ok"] = res["ok"] and res["error_buffer_clean"]
+        extra = "".join(f", {k} {res[k]:.2e}" for k in ("cache_rows_cos_dist",
+                                                        "cos_dist_vs_fused_bf16") if k in res)
+        log(f"  check fused {kv_format:9s}: {'PASS' if res['ok'] else 'FAIL'} cosine distance "
+            f"vs the torch layer {res['cos_dist_vs_torch']:.2e} (bound {MAX_COS_DIST:.0e}){extra}"
+            f"{'' if res['error_buffer_clean'] else ', error buffer ' + str(res['error_buffer'])}")
+        t = time_calls(lambda: graph.launch(stream=stream), args.replays, args.warmups, device)
+        res["us"] = t["us"] / n
+        res["us_min"] = t["us_min"] / n
+        res["kernel_nodes"] = kernel_nodes(graph)
+        res["nodes_per_layer"] = res["kernel_nodes"] / n
+        log(f"  fused {kv_format:14s}: {res['us']:9.1f} us/layer, "
+            f"{res['nodes_per_layer']:.2f} kernel nodes/layer ({res['kernel_nodes']} in all)")
+        if args.breakdown and kv_format == "bf16" and device.type == "cuda":
+            res["breakdown"] = breakdown(lambda: graph.launch(stream=stream), n, device)
+    res["output"] = output  # removed before the JSON; kept for the 8-bit comparisons
+    return res
+
+
+def breakdown(fn, n_layers: int, device) -> list:
+    """The kernels of one launch by name: calls and microseconds per layer (torch.profiler)."""
+    try:
+        kernels = profiled_kernels(fn, device)
+    except Exception as e:  # noqa: BLE001
+        log(f"  (breakdown unavailable: {short_err(e)})")
+        return []
+    by_name: dict = {}
+    for name, us in kernels:
+        calls, total = by_name.get(name, (0, 0.0))
+        by_name[name] = (calls + 1, total + us)
+    rows = [{"kernel": k, "calls": c, "us_per_layer": t / n_layers, "us_per_call": t / c}
+            for k, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])]
+    log(f"  fused bf16 kernels in one launch (torch.profiler; with programmatic dependent launch a "
+        f"kernel's time includes its wait): {len(kernels)} kernels")
+    for r in rows:
+        log(f"    {r['calls']:4d} x {r['us_per_call']:8.2f} us = {r['us_per_layer']:7.2f} us/layer"
+            f"  {r['kernel'][:110]}")
+    return rows
+
+
+# ---- the sections --------------------------------------------------------------------------------
+
+def bench_v2_lite(args, shape, weights, peaks, device, gen, out) -> int:
+    fails = 0
+    wbytes = tl.layer_weight_bytes(shape)
+    for b in args.batch:
+        log(f"\n== V2-Lite layer, b = {b}, s_k = {args.s_k}, {args.layers} layers, page "
+            f"{args.page}")
+        row = {"model": "v2_lite", "b": b, "s_k": args.s_k, "layers": args.layers}
+        row["floor_us"] = {f: floor_us(wbytes, b, args.s_k, f, peaks["read_GBps"])
+                           for f in BYTES_PER_TOKEN}
+        try:
+            step = tl.make_step(shape, [args.s_k] * b, args.layers, gen, device,
+                                page_size=args.page)
+            if not args.no_unfused:
+                row["unfused"] = run_unfused(shape, weights, step, args, device)
+            row["fused"] = {}
+            if has_decode_graph():
+                fused16 = None
+                for fmt in args.formats:
+                    try:
+                        res = run_fused(shape, weights, step, fmt, args, device, fused16)
+                        if fmt == "bf16":
+                            fused16 = res["output"]
+                        res.pop("output")
+                        fails += not res["ok"]
+                    except Exception as e:  # noqa: BLE001
+                        res = {"format": fmt, "error": short_err(e)}
+                        fails += 1
+                        log(f"  fused {fmt:14s}: FAILED {short_err(e)}")
+                        if os.environ.get("KF_BENCH_TRACE"):
+                            traceback.print_exc()
+                    row["fused"][fmt] = res
+            del step
+        except Exception as e:  # noqa: BLE001
+            row["error"] = short_err(e)
+            fails += 1
+            log(f"  FAILED {short_err(e)}")
+            if os.environ.get("KF_BENCH_TRACE"):
+                traceback.print_exc()
+        out["rows"].append(row)
+        free(device)
+        save(args, out)
+    return fails
+
+
+def bench_gemm(args, shape, peaks, device, gen, l2_bytes, out):
+    """torch.matmul over distinct weights of each projection, one CUDA graph per (projection, b)."""
+    log(f"\n== skinny GEMM alone: torch.matmul(x [b, in], W^T), distinct weights per call; "
+        f"kernelflow exposes no stand-alone GEMM (its projections run inside the fused graph)")
+    shapes = tl.weight_shapes(shape)
+    for name in GEMM_PROJECTIONS:
+        n_out, n_in = shapes[name]
+        wbytes = 2 * n_out * n_in
+        copies = max(args.layers, math.ceil(4 * l2_bytes / wbytes))
+        ws = torch.randn(copies, n_out, n_in, generator=gen, device=device,
+                         dtype=torch.float32).to(torch.bfloat16)
+        for b in args.batch:
+            row = {"projection": name, "shape": [n_out, n_in], "b": b, "copies": copies}
+            try:
+                x = torch.randn(b, n_in, generator=gen, device=device).to(torch.bfloat16)
+                ys = torch.empty(copies, b, n_out, device=device, dtype=torch.bfloat16)
+
+                def unit(x=x, ys=ys):
+                    for i in range(copies):
+                        torch.matmul(x, ws[i].t(), out=ys[i])
+
+                graph, _ = capture(unit)
+                t = time_calls(graph.replay, args.replays, args.warmups, device)
+                us = t["us"] / copies
+                nbytes = wbytes + 2 * b * (n_in + n_out)
+                row.update({"torch_us": us, "torch_GBps": nbytes / us / 1e3,
+                            "torch_frac_read_peak": nbytes / us / 1e3 / peaks["read_GBps"]})
+                log(f"  {name:7s} [{n_out}, {n_in}] b = {b:3d}: torch.matmul {us:7.2f} us, "
+                    f"{row['torch_GBps']:6.0f} GB/s ({100 * row['torch_frac_read_peak']:5.1f}% "
+                    f"of read), {copies} weights")
+                del graph
+            except Exception as e:  # noqa: BLE001
+                row["error"] = short_err(e)
+                log(f"  {name} b = {b}: FAILED {short_err(e)}")
+            out["gemm_rows"].append(row)
+        del ws
+        free(device)
+    save(args, out)
+
+
+def bench_v3(args, shape, peaks, device, gen, out) -> int:
+    fails = 0
+    wbytes = tl.layer_weight_bytes(shape)
+    log(f"\n== query-compressed layer ({describe(shape)}), {args.v3_layers} layers, "
+        f"s_k = {args.s_k}, bf16 cache")
+    weights = [tl.make_layer_weights(shape, gen, device) for _ in range(args.v3_layers)]
+    for b in args.v3_batch:
+        row = {"model": "v3", "b": b, "s_k": args.s_k, "layers": args.v3_layers,
+               "floor_us": floor_us(wbytes, b, args.s_k, "bf16", peaks["read_GBps"])}
+        log(f"  b = {b}: floor {row['floor_us']:.1f} us/layer")
+        try:
+            step = tl.make_step(shape, [args.s_k] * b, args.v3_layers, gen, device,
+                                page_size=args.page)
+            if not args.no_unfused:
+                row["unfused"] = run_unfused(shape, weights, step, args, device, eager=False)
+            if has_decode_graph():
+                res = run_fused(shape, weights, step, "bf16", args, device)
+                res.pop("output")
+                fails += not res["ok"]
+                row["fused"] = res
+            del step
+        except Exception as e:  # noqa: BLE001
+            row["error"] = short_err(e)
+            fails += 1
+            log(f"  FAILED {short_err(e)}")
+            if os.environ.get("KF_BENCH_TRACE"):
+                traceback.print_exc()
+        out["v3_rows"].append(row)
+        free(device)
+        save(args, out)
+    return fails
+
+
+# ---- reporting -----------------------------------------------------------------------------------
+
+def load_spec_rows() -> dict:
+    try:
+        with open(ANCHOR) as f:
+            rows = json.load(f)["rows"]
+        return {r["b"]: r for r in rows if "layer" in r}
+    except Exception as e:  # noqa: BLE001
+        log(f"(no docs/spec.md anchor: {short_err(e)})")
+        return {}
+
+
+def fmt_us(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def fmt_x(a, b) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def describe(shape) -> str:
+    return (f"hidden {shape.hidden_size}, {shape.num_heads} heads, q_lora {shape.q_lora_rank}; "
+            f"{tl.layer_weight_bytes(shape) / 1e6:.1f} MB of weights per layer")
+
+
+def print_tables(args, out, peaks, v2, v3):
+    rows = [r for r in out["rows"] if "error" not in r]
+    fused_us = {(r["b"], f): r.get("fused", {}).get(f, {}).get("us") for r in rows
+                for f in args.formats}
+    log(f"\n## Decode layer ({describe(v2)}), {out['device']}: microseconds per layer "
+        f"({args.layers} layers in one graph, s_k = {args.s_k}, page {args.page}; floors at the "
+        f"read peak {peaks['read_GBps']:.0f} GB/s, {peaks['source']})\n")
+    heads = (["b", "unfused eager", "unfused graph"] + [f"fused {f}" for f in args.formats]
+             + ["floor bf16", "floor 8-bit"] + [f"graph / fused {f}" for f in args.formats]
+             + ["floor / fused bf16", "nodes/layer unfused", "nodes/layer fused"])
+    log("| " + " | ".join(heads) + " |")
+    log("|" + " --- |" * len(heads))
+    for r in rows:
+        unf = r.get("unfused", {})
+        nodes_f = r.get("fused", {}).get("bf16", {}).get("nodes_per_layer")
+        cells = ([str(r["b"]), fmt_us(unf.get("eager_us")), fmt_us(unf.get("graph_us"))]
+                 + [fmt_us(fused_us[(r["b"], f)]) for f in args.formats]
+                 + [fmt_us(r["floor_us"]["bf16"]), fmt_us(r["floor_us"]["int8"])]
+                 + [fmt_x(unf.get("graph_us"), fused_us[(r["b"], f)]) for f in args.formats]
+                 + [fmt_x(r["floor_us"]["bf16"], fused_us[(r["b"], "bf16")]
+                          if "bf16" in args.formats else None),
+                    "-" if "nodes_per_layer" not in unf else f"{unf['nodes_per_layer']:.1f}",
+                    "-" if nodes_f is None else f"{nodes_f:.2f}"])
+        log("| " + " | ".join(cells) + " |")
+    log("(graph / fused: the unfused graph's time over the fused one's, > 1 is faster; floor: "
+        "(weights + b * s_k * bytes per token) / read peak)")
+    spec = load_spec_rows()
+    if spec:
+        log(f"\n{SPEC_LABEL}, microseconds per layer:\n")
+        log("| b | eager | one CUDA graph | floor bf16 | floor 8-bit |")
+        log("| --- | --- | --- | --- | --- |")
+        for b in sorted(spec):
+            s = spec[b]
+            log(f"| {b} | {s['us_eager']:.0f} | {s['us_graph']:.1f} | "
+                f"{s['floor_us_at_read_peak']:.1f} | {s['floor_fp8_us']:.1f} |")
+    if out["gemm_rows"]:
+        log("\nSkinny GEMM alone, torch.matmul, distinct weights per call (microseconds per GEMM, "
+            "% of the read peak); kernelflow: no stand-alone GEMM, see the fused rows\n")
+        log("| projection | b | us | GB/s | % read |")
+        log("| --- | --- | --- | --- | --- |")
+        for g in out["gemm_rows"]:
+            if "torch_us" in g:
+                log(f"| {g['projection']} {g['shape'][0]}x{g['shape'][1]} | {g['b']} | "
+                    f"{g['torch_us']:.2f} | {g['torch_GBps']:.0f} | "
+                    f"{100 * g['torch_frac_read_peak']:.0f}% |")
+    if out["v3_rows"]:
+        log(f"\nQuery-compressed layer ({describe(v3)}), bf16 cache, microseconds per layer\n")
+        log("| b | layers | fused bf16 | floor | floor / fused | unfused graph | "
+            "check (cos dist) |")
+        log("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in out["v3_rows"]:
+            f = r.get("fused", {})
+            cos = f.get("cos_dist_vs_torch")
+            log(f"| {r['b']} | {r['layers']} | {fmt_us(f.get('us'))} | {fmt_us(r['floor_us'])} | "
+                f"{fmt_x(r['floor_us'], f.get('us'))} | "
+                f"{fmt_us(r.get('unfused', {}).get('graph_us'))} | "
+                f"{'-' if cos is None else f'{cos:.1e}'} |")
+    log("\nIssue 14's bounds (this run):")
+    for (fmt, b), bound in TARGETS.items():
+        got = fused_us.get((b, fmt))
+        verdict = "not run" if got is None else ("met" if got <= bound else "NOT met")
+        log(f"  fused {fmt} at b = {b}: <= {bound:.0f} us/layer: {fmt_us(got)} ({verdict})")
+    nodes = [r["fused"][f]["nodes_per_layer"] for r in rows for f in r.get("fused", {})
+             if "nodes_per_layer" in r["fused"][f]]
+    if nodes:
+        log(f"  kernel nodes per layer <= {MAX_NODES_PER_LAYER}: at most {max(nodes):.2f} "
+            f"({'met' if max(nodes) <= MAX_NODES_PER_LAYER else 'NOT met'})")
+
+
+def free(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def save(args, out):
+    if not args.json:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+
+
+def get_peaks(args, device) -> dict:
+    """bench_decode.py's peaks: measured by peaks.py in this run, or --peaks-json, or
+    --peaks-from-spec (docs/spec.md's); docs/spec.md's on the CPU."""
+    import peaks
+
+    if device.type == "cpu":
+        return dict(peaks.SPEC_PEAKS)
+    try:
+        from bench_decode import get_peaks as decode_peaks
+    except Exception as e:  # noqa: BLE001
+        log(f"(bench_decode.py not importable: {short_err(e)}; measuring with peaks.py)")
+        return dict(peaks.SPEC_PEAKS) if args.peaks_from_spec else peaks.measure_peaks()
+    return decode_peaks(args)
+
+
+def main() -> int:
+    args = parse_args()
+    t0 = time.time()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        log("no CUDA device: nothing to benchmark (--device cpu runs the CPU smoke test)")
+        return 1
+    # cuBLAS may otherwise reduce split-K partials in bf16: the torch layer is the check's
+    # reference, so it accumulates in fp32 like the fused layer.
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    out = {"device": "cpu", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+           "argv": sys.argv[1:], "versions": {
+               "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+               "kernelflow": kf.__version__, "kernelflow_build": kf.build_info(),
+               "python": platform.python_version()},
+           "method": {
+               "timing": "CUDA events around each graph replay / DecodeGraph launch / eager step, "
+                         "median, after warm-ups, divided by the layer count",
+               "floor": "(layer weight bytes + b * s_k * bytes_per_token) / read peak",
+               "nodes_torch": "cuGraphGetNodes on torch's cudaGraph_t (keep_graph=True), else "
+                              "torch.profiler kernels of one eager step",
+               "nodes_fused": "DecodeGraph.kernel_nodes",
+               "check": f"whole-output cosine distance fused vs torch layer, same cache format, "
+                        f"< {MAX_COS_DIST}"},
+           "rows": [], "gemm_rows": [], "v3_rows": []}
+    l2_bytes = 0
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        l2_bytes = getattr(props, "L2_cache_size", 60 << 20)
+        out.update({"device": props.name, "num_sms": props.multi_processor_count,
+                    "l2_bytes": l2_bytes})
+        out["versions"]["cuda_driver"] = cuda_driver_version()
+    log(f"device: {out['device']}; torch {torch.__version__}; kernelflow {kf.__version__} "
+        f"({kf.build_info()}) from {kf.__file__}; {out['date']}")
+    log(f"command: {out['command']}")
+    if not has_decode_graph():
+        log(f"kernelflow {kf.__version__} has no DecodeGraph / LayerConfig (the fused layer is not "
+            f"in this build): the fused rows are skipped")
+        out["fused_missing"] = True
+    peaks = get_peaks(args, device)
+    out["peaks"] = peaks
+    log(f"read peak used: {peaks['read_GBps']:.0f} GB/s ({peaks['source']})")
+
+    v2, v3 = shapes_for(args)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    weights = [tl.make_layer_weights(v2, gen, device) for _ in range(args.layers)]
+    wbytes = tl.layer_weight_bytes(v2)
+    log(f"layer shape: {describe(v2)}; {args.layers} layers, "
+        f"{args.layers * wbytes / 1e6:.0f} MB of weights in all")
+    fails = bench_v2_lite(args, v2, weights, peaks, device, gen, out)
+    del weights
+    free(device)
+    if not args.no_gemm and device.type == "cuda":
+        bench_gemm(args, v2, peaks, device, gen, l2_bytes, out)
+    if args.v3_layers > 0:
+        fails += bench_v3(args, v3, peaks, device, gen, out)
+    print_tables(args, out, peaks, v2, v3)
+    out["seconds"] = time.time() - t0
+    out["failures"] = fails
+    save(args, out)
+    log(f"\n{fails} failed checks or errors; {out['seconds']:.0f} s"
+        + (f"; wrote {args.json}" if args.json else ""))
+    if out.get("fused_missing"):
+        log("(the fused rows need kernelflow.DecodeGraph)")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
