@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (the device tool): build for sm_90, run the GPU tests (C++ and
-# Python), the resource report and the benchmark, and print a short table last.
-#   usage: bash scripts/gpu_check.sh [tests|bench|sanitize|all]...   (default: tests bench)
+# One call on the GPU machine (the device tool): one build for sm_90 (library, C++ tests and the
+# Python module in place: build/gpu/python is importable, no pip install), then the GPU tests (C++
+# and Python), the benchmarks and the sanitizers, and a short table last.
+#   usage: bash scripts/gpu_check.sh [tests|bench|layer|sanitize|all]...   (default: tests bench)
+#   env:   BENCH_ARGS (bench_decode.py's options), LAYER_ARGS (bench_layer.py's), OUT (/tmp/kf-out)
 # Needs .deps/googletest carried along for the C++ tests (the GPU image has no packaged GTest).
-# Exit status 1 when a step fails: the install, the test build, ctest (also when it finds no
-# tests), the GPU pytest run or the sanitizers.
+# Exit status 1 when a step fails: the build, ctest (also when it finds no tests), the GPU pytest
+# run, a benchmark's checks or the sanitizers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kf-out}
@@ -21,25 +23,25 @@ t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
-python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 \
-  && note "pip install (sm_$KF_CUDA_ARCHS): ok ($(( $(date +%s) - t0 )) s)" \
-  || { fail "pip install: FAILED"; tail -40 "$OUT/pip.log"; exit 1; }
+if [ -d .deps/googletest ]; then export KF_GTEST_SOURCE_DIR=$PWD/.deps/googletest; fi
+if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON \
+     -DKF_BUILD_PYTHON=ON >"$OUT/cmake.log" 2>&1 && cmake --build build/gpu >>"$OUT/cmake.log" 2>&1; then
+  note "build (sm_$KF_CUDA_ARCHS, tests, Python module): ok ($(( $(date +%s) - t0 )) s)"
+else
+  tail -40 "$OUT/cmake.log"
+  fail "build: FAILED (see cmake.log)"
+  exit 1
+fi
+export PYTHONPATH=$PWD/build/gpu/python${PYTHONPATH:+:$PYTHONPATH}
 python3 -m kernelflow info
 
 if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
-  if [ -d .deps/googletest ]; then export KF_GTEST_SOURCE_DIR=$PWD/.deps/googletest; fi
-  if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON \
-       >"$OUT/cmake.log" 2>&1 && cmake --build build/gpu >>"$OUT/cmake.log" 2>&1; then
-    if ctest --test-dir build/gpu --output-on-failure --no-tests=error -j4 >"$OUT/ctest.log" 2>&1; then
-      note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-    else
-      fail "ctest: FAILED: $(grep -E 'tests passed|tests failed|No tests were found' "$OUT/ctest.log" | tail -1)"
-    fi
-    grep -E "Failed|FAILED|Skipped|No tests" "$OUT/ctest.log" | head -20
+  if ctest --test-dir build/gpu --output-on-failure --no-tests=error -j4 >"$OUT/ctest.log" 2>&1; then
+    note "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
   else
-    tail -30 "$OUT/cmake.log"
-    fail "ctest build: FAILED (see cmake.log)"
+    fail "ctest: FAILED: $(grep -E 'tests passed|tests failed|No tests were found' "$OUT/ctest.log" | tail -1)"
   fi
+  grep -E "Failed|FAILED|Skipped|No tests" "$OUT/ctest.log" | head -20
   python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
   if [ "${PIPESTATUS[0]}" = 0 ]; then note "pytest gpu: $(tail -1 "$OUT/pytest_gpu.log")"
   else fail "pytest gpu: FAILED: $(tail -1 "$OUT/pytest_gpu.log")"; fi
@@ -49,7 +51,14 @@ fi
 if [[ " $modes " == *" bench "* || " $modes " == *" all "* ]]; then
   # BENCH_ARGS narrows the grid (default: the full grid of the issue).
   python3 bench/bench_decode.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -60
-  note "bench: see table above ($(( $(date +%s) - t0 )) s)"
+  if [ "${PIPESTATUS[0]}" = 0 ]; then note "bench: see table above ($(( $(date +%s) - t0 )) s)"
+  else fail "bench: a check FAILED or the run broke (see bench.log)"; fi
+fi
+
+if [[ " $modes " == *" layer "* || " $modes " == *" all "* ]]; then
+  python3 bench/bench_layer.py ${LAYER_ARGS:-} --json "$OUT/layer.json" 2>&1 | tee "$OUT/layer.log" | tail -70
+  if [ "${PIPESTATUS[0]}" = 0 ]; then note "layer bench: see table above ($(( $(date +%s) - t0 )) s)"
+  else fail "layer bench: a check FAILED or the run broke (see layer.log)"; fi
 fi
 
 if [[ " $modes " == *" sanitize "* || " $modes " == *" all "* ]]; then
