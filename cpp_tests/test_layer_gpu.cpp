@@ -1,6 +1,9 @@
 // The fused decode layer's CUDA side (src/cuda/layer/) against plain CPU loops:
-//  - on any machine: the GEMM split plan fits the workspace's scratch for every GEMM of the
-//    V2-Lite and V3 layers at every batch, and the workspace buffers are aligned and disjoint;
+//  - on any machine: one GEMM stage replayed through a model of cp.async's placement, ldmatrix
+//    (plain and transposed) and mma.sync m16n8k16 (the PTX fragment layouts) with the kernel's
+//    index functions (gemm_layout.h) gives the plain loop's products, conflict-free; the GEMM
+//    split plan fits the workspace's scratch for every GEMM of the V2-Lite and V3 layers at
+//    every batch; the workspace buffers are aligned and disjoint;
 //  - Gpu* (skipped without CUDA or a device): the skinny GEMM (M = 1 .. 128, both weight layouts,
 //    two jobs in one launch, the heads of the absorptions, split and unsplit K) against a float64
 //    loop with bit-identical reruns; the prologue (RMSNorm, RoPE, the cache row and q_pe, the
@@ -11,6 +14,7 @@
 
 #include "core/layer_params.h"
 #include "core/layer_workspace.h"
+#include "cuda/layer/gemm_layout.h"
 #include "gpu_util.h"
 
 #if KF_TESTS_WITH_CUDA
@@ -60,6 +64,131 @@ std::vector<std::pair<int64_t, int>> layer_gemms(const kf::LayerDims& d) {
   g.push_back({d.heads * tiles(d.v), d.kv_lora});     // o absorption
   g.push_back({tiles(d.hidden), d.o_in()});           // W_o
   return g;
+}
+
+// ---- one GEMM stage through a model of the instructions ------------------------------------
+
+using kf::cuda::TileChunk;
+
+// Shared memory as bf16 elements; a 16-bit value per element (small integers, exact).
+using Smem = std::vector<uint16_t>;
+
+// 8x8 matrix q of an ldmatrix.x4 whose lane l supplied row address `addr[l]` (matrix q's row r
+// comes from lane 8 q + r).
+uint16_t matrix_at(const Smem& s, const TileChunk (&addr)[32], int q, int r, int c) {
+  const TileChunk a = addr[8 * q + r];
+  return s[kf::cuda::gemm_swizzle(a.row, a.chunk) / 2 + c];
+}
+// Register q of lane l after ldmatrix.x4 (PTX: lane l holds row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1 of each matrix; .trans: rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4).
+std::array<uint16_t, 2> ldmatrix_reg(const Smem& s, const TileChunk (&addr)[32], int lane, int q,
+                                     bool trans) {
+  const int a = lane / 4, b = 2 * (lane % 4);
+  if (!trans) return {matrix_at(s, addr, q, a, b), matrix_at(s, addr, q, a, b + 1)};
+  return {matrix_at(s, addr, q, b, a), matrix_at(s, addr, q, b + 1, a)};
+}
+
+using Regs4 = std::array<std::array<uint16_t, 2>, 4>;  // 4 registers of 2 bf16 values
+
+// d += a b for one m16n8k16 tile from the 32 lanes' registers (PTX fragment layouts: A reg i
+// holds row g + 8 (i % 2), columns 2 t + 8 (i / 2) + {0, 1}; B reg i rows 2 t + 8 i + {0, 1} of
+// column g; D element e row g + 8 (e / 2), column 2 t + e % 2; g = lane / 4, t = lane % 4).
+void mma_model(std::array<std::array<float, 4>, 32>& d, const std::array<Regs4, 32>& a,
+               const std::array<std::array<uint16_t, 2>, 32>& b0,
+               const std::array<std::array<uint16_t, 2>, 32>& b1) {
+  auto A = [&](int row, int col) {
+    return float(from_bf16(a[(row % 8) * 4 + (col % 8) / 2][(row / 8) + 2 * (col / 8)][col % 2]));
+  };
+  auto B = [&](int k, int n) {
+    const auto& r = (k / 8 == 0 ? b0 : b1)[n * 4 + (k % 8) / 2];
+    return float(from_bf16(r[k % 2]));
+  };
+  for (int lane = 0; lane < 32; ++lane)
+    for (int e = 0; e < 4; ++e) {
+      const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+      for (int k = 0; k < 16; ++k) d[lane][e] += A(row, k) * B(k, col);
+    }
+}
+
+// The 8 row addresses of each matrix of an ldmatrix.x4 cover the 32 banks once.
+bool conflict_free(const TileChunk (&addr)[32]) {
+  for (int q = 0; q < 4; ++q) {
+    std::set<int> banks;
+    for (int r = 0; r < 8; ++r) {
+      const uint32_t at = kf::cuda::gemm_swizzle(addr[8 * q + r].row, addr[8 * q + r].chunk);
+      for (int w = 0; w < 4; ++w) banks.insert(int((at / 4 + w) % 32));
+    }
+    if (banks.size() != 32) return false;
+  }
+  return true;
+}
+
+void check_stage_model(bool kn, int mt) {
+  SCOPED_TRACE(std::string(kn ? "W[k][n]" : "W[n][k]") + " MT " + std::to_string(mt));
+  auto w_val = [](int n, int k) { return float((n * 7 + k * 3) % 11 - 5); };
+  auto x_val = [](int m, int k) { return float((m * 5 + k) % 7 - 3); };
+  // The copy loops' placement (every element of a tile written exactly once).
+  Smem w_tile(64 * 64, 0), x_tile(size_t(8 * mt) * 64, 0);
+  std::vector<int> w_hits(w_tile.size(), 0), x_hits(x_tile.size(), 0);
+  for (int i = 0; i < 64 * 8; ++i) {
+    const TileChunk c = kf::cuda::gemm_copy_chunk(i);
+    for (int e = 0; e < 8; ++e) {
+      const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk) / 2 + e;
+      w_tile[at] = to_bf16(kn ? w_val(8 * c.chunk + e, c.row) : w_val(c.row, 8 * c.chunk + e));
+      ++w_hits[at];
+    }
+  }
+  for (int i = 0; i < 8 * mt * 8; ++i) {
+    const TileChunk c = kf::cuda::gemm_copy_chunk(i);
+    for (int e = 0; e < 8; ++e) {
+      const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk) / 2 + e;
+      x_tile[at] = to_bf16(x_val(c.row, 8 * c.chunk + e));
+      ++x_hits[at];
+    }
+  }
+  for (int h : w_hits) ASSERT_EQ(h, 1);
+  for (int h : x_hits) ASSERT_EQ(h, 1);
+  // gemm_stage_mma for each warp, then the accumulators against the plain sums over 64 k.
+  for (int warp = 0; warp < 4; ++warp) {
+    std::vector<std::array<std::array<float, 4>, 32>> acc(mt);
+    for (auto& a : acc)
+      for (auto& l : a) l.fill(0.f);
+    for (int kk = 0; kk < 2; ++kk) {
+      std::array<Regs4, 32> a[2];
+      for (int st = 0; st < 2; ++st) {
+        TileChunk addr[32];
+        for (int lane = 0; lane < 32; ++lane)
+          addr[lane] = kn ? kf::cuda::gemm_a_chunk_kn(warp, lane, 2 * kk + st)
+                          : kf::cuda::gemm_a_chunk_nk(warp, lane, 2 * kk + st);
+        EXPECT_TRUE(conflict_free(addr));
+        for (int lane = 0; lane < 32; ++lane)
+          for (int q = 0; q < 4; ++q) a[st][lane][q] = ldmatrix_reg(w_tile, addr, lane, q, kn);
+      }
+      for (int j = 0; j < mt; ++j) {
+        TileChunk addr[32];
+        for (int lane = 0; lane < 32; ++lane) addr[lane] = kf::cuda::gemm_b_chunk(j, lane, kk);
+        EXPECT_TRUE(conflict_free(addr));
+        std::array<std::array<uint16_t, 2>, 32> b[4];
+        for (int lane = 0; lane < 32; ++lane)
+          for (int q = 0; q < 4; ++q) b[q][lane] = ldmatrix_reg(x_tile, addr, lane, q, false);
+        mma_model(acc[j], a[0], b[0], b[1]);
+        mma_model(acc[j], a[1], b[2], b[3]);
+      }
+    }
+    for (int j = 0; j < mt; ++j)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int e = 0; e < 4; ++e) {
+          const int m = kf::cuda::gemm_acc_row(j, lane, e), n = kf::cuda::gemm_acc_col(warp, lane, e);
+          float want = 0.f;
+          for (int k = 0; k < 64; ++k) want += x_val(m, k) * w_val(n, k);
+          ASSERT_EQ(acc[j][lane][e], want) << "warp " << warp << " j " << j << " lane " << lane << " e " << e;
+        }
+  }
+}
+
+TEST(LayerGemmStage, InstructionModelGivesThePlainProducts) {
+  for (bool kn : {false, true})
+    for (int mt : {1, 2, 16}) check_stage_model(kn, mt);
 }
 
 TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {

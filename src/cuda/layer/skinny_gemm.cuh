@@ -10,11 +10,12 @@
 //
 // Shared memory. Stages of 64 k: the weight tile (64 rows of 128 bytes: rows n of W[n][k], or
 // rows k of W[k][n]) and the X tile (8 MT rows m of 128 bytes), each row's eight 16-byte chunks
-// XOR-swizzled by (row & 7) so that ldmatrix reads 8 rows of one chunk conflict-free. cp.async
-// (16 bytes, zero-fill past N and M) fills kStages stages ahead: 6 for MT <= 2, else 4
-// (55 KB at M <= 8, 96 KB at M = 128; sm_86 allows 99 KB). Fragments: ldmatrix.x4 (W[n][k]) or
-// ldmatrix.x4.trans (W[k][n]) for A, ldmatrix.x4 of one X row group over 32 k for B (two k16
-// steps).
+// XOR-swizzled by (row & 7) so that ldmatrix reads 8 rows of one chunk conflict-free (the
+// index functions are gemm_layout.h's, checked on the CPU against a model of the instructions).
+// cp.async (16 bytes, zero-fill past N and M) fills kStages stages ahead: 6 for MT <= 2, else
+// 4 (55 KB at M <= 8, 96 KB at M = 128; sm_86 allows 99 KB). Fragments: ldmatrix.x4
+// (W[n][k]) or ldmatrix.x4.trans (W[k][n]) for A, ldmatrix.x4 of one X row group over 32 k for
+// B (two k16 steps).
 //
 // Programmatic dependent launch: the weight stages are requested before pdl_wait (weights never
 // depend on the previous kernel), X after; the next kernel may launch once the main loop is
@@ -34,12 +35,15 @@
 #include "core/half_convert.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/layer/gemm_layout.h"
 #include "cuda/layer/layer_kernels.h"
 
 namespace kf::cuda {
 
 constexpr int kGemmThreads = 128;  // 4 warps, 16 output columns each
-constexpr int kGemmRowBytes = kLayerGemmTileK * 2;  // one 64-k row of a stage: 128 bytes
+constexpr int kGemmRowBytes = kGemmTileRowBytes;  // one 64-value row of a stage tile
+static_assert(kGemmRowBytes == kLayerGemmTileK * 2 && kGemmRowBytes == kLayerGemmTileN * 2,
+              "stage rows of 64 bf16 values");
 
 template <int MT>
 struct GemmShape {
@@ -51,11 +55,6 @@ struct GemmShape {
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a swizzled stage tile.
-__device__ __forceinline__ uint32_t gemm_swizzle(int row, int chunk) {
-  return uint32_t(row * kGemmRowBytes + ((chunk ^ (row & 7)) << 4));
-}
 
 // cp.async of 16 bytes kept in L2 (X: every block of the launch reads it), zero-filled when
 // src_bytes is 0.
@@ -106,8 +105,7 @@ __device__ __forceinline__ void gemm_load_w(uint8_t* stage, const GemmOperands& 
                                             int k0, int tid) {
 #pragma unroll
   for (int i = 0; i < kLayerGemmTileN * 8 / kGemmThreads; ++i) {
-    const int c = tid + i * kGemmThreads;
-    const int row = c >> 3, chunk = c & 7;
+    const auto [row, chunk] = gemm_copy_chunk(tid + i * kGemmThreads);
     const uint16_t* src;
     bool ok;
     if (L == WeightLayout::kNK) {  // row = n, chunk = 8 k
@@ -126,7 +124,7 @@ __device__ __forceinline__ void gemm_load_x(uint8_t* stage, const GemmOperands& 
                                             int k0, int tid) {
   uint8_t* xs = stage + GemmShape<MT>::kWBytes;
   for (int c = tid; c < GemmShape<MT>::kXRows * 8; c += kGemmThreads) {
-    const int row = c >> 3, chunk = c & 7;
+    const auto [row, chunk] = gemm_copy_chunk(c);
     const bool ok = row < m;
     const uint16_t* src = op.x + int64_t(ok ? row : 0) * op.ldx + k0 + chunk * 8;
     cp_async_16_shared_l2(smem_u32(xs + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
@@ -145,33 +143,22 @@ __device__ __forceinline__ void gemm_stage_mma(float (&acc)[MT][4], const uint8_
     for (int st = 0; st < 2; ++st) {
       const int ks = 2 * kk + st;
       if (L == WeightLayout::kNK) {
-        // Matrices: (n 0-7, k 0-7), (n 8-15, k 0-7), (n 0-7, k 8-15), (n 8-15, k 8-15).
-        const int row = warp * 16 + (lane & 15), chunk = 2 * ks + (lane >> 4);
-        ldmatrix_x4(a[st], smem_u32(stage + gemm_swizzle(row, chunk)));
-      } else {
-        // Stored rows k, columns n, transposed on load; the same four matrices.
-        const int mat = lane >> 3;
-        const int row = ks * 16 + (lane & 7) + 8 * (mat >> 1), chunk = 2 * warp + (mat & 1);
-        ldmatrix_x4_trans(a[st], smem_u32(stage + gemm_swizzle(row, chunk)));
+        const TileChunk c = gemm_a_chunk_nk(warp, lane, ks);
+        ldmatrix_x4(a[st], smem_u32(stage + gemm_swizzle(c.row, c.chunk)));
+      } else {  // stored rows k, columns n: transposed on load
+        const TileChunk c = gemm_a_chunk_kn(warp, lane, ks);
+        ldmatrix_x4_trans(a[st], smem_u32(stage + gemm_swizzle(c.row, c.chunk)));
       }
     }
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
-      // Matrices: rows m 8j..8j+7 at k chunks 4kk .. 4kk+3: (b0, b1) of step 2kk, then 2kk+1.
-      uint32_t b[4];
-      ldmatrix_x4(b, smem_u32(xs + gemm_swizzle(8 * j + (lane & 7), 4 * kk + (lane >> 3))));
+      uint32_t b[4];  // (b0, b1) of step 2 kk, then of step 2 kk + 1
+      const TileChunk c = gemm_b_chunk(j, lane, kk);
+      ldmatrix_x4(b, smem_u32(xs + gemm_swizzle(c.row, c.chunk)));
       mma_16816<__nv_bfloat16>(acc[j], a[0], b[0], b[1]);
       mma_16816<__nv_bfloat16>(acc[j], a[1], b[2], b[3]);
     }
   }
-}
-
-// Accumulator element e (0..3) of tile j: column n (in the tile) and row m of Y.
-__device__ __forceinline__ int acc_col(int warp, int lane, int e) {
-  return warp * 16 + (lane >> 2) + 8 * (e >> 1);
-}
-__device__ __forceinline__ int acc_row(int j, int lane, int e) {
-  return 8 * j + 2 * (lane & 3) + (e & 1);
 }
 
 // The last split of a tile to arrive adds the partials in split order and writes Y.
@@ -194,7 +181,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
     for (int j = 0; j < MT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = acc_row(j, lane, e), col = n0 + acc_col(warp, lane, e);
+        const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
         if (row < m && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
       }
     return;
@@ -206,8 +193,8 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
   for (int j = 0; j < MT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = acc_row(j, lane, e);
-      if (row < m) mine[row * kLayerGemmTileN + acc_col(warp, lane, e)] = acc[j][e];
+      const int row = gemm_acc_row(j, lane, e);
+      if (row < m) mine[row * kLayerGemmTileN + gemm_acc_col(warp, lane, e)] = acc[j][e];
     }
   if (!gemm_last_arrival(g.counters + tile, g.splits)) return;
   __threadfence();
