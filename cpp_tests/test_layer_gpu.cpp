@@ -201,14 +201,17 @@ TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {
   for (const auto& d : shapes)
     for (int batch : {1, 2, 7, 8, 9, 32, 64, 127, 128})
       for (auto [tiles, k] : layer_gemms(d)) {
-        const int s = kf::layer_gemm_splits(tiles, k);
+        const int s = kf::layer_gemm_splits(tiles, k, batch);
         SCOPED_TRACE("hidden " + std::to_string(d.hidden) + " heads " + std::to_string(d.heads) +
                      " batch " + std::to_string(batch) + " tiles " + std::to_string(tiles) +
                      " k " + std::to_string(k));
         EXPECT_GE(s, 1);
         EXPECT_LE(s, k / kf::kLayerGemmTileK);
-        // At least one block per SM of a 132-SM GPU where the K stages allow it.
-        EXPECT_GE(tiles * s, std::min<int64_t>(132, tiles * (k / kf::kLayerGemmTileK)));
+        // At least one block per SM of a 132-SM GPU where the K stages and the partials'
+        // traffic allow it.
+        const int64_t most = std::min<int64_t>(k / kf::kLayerGemmTileK, std::max(1, k / (2 * batch)));
+        EXPECT_GE(tiles * s, std::min<int64_t>(132, tiles * most));
+        EXPECT_LE(int64_t(s) * batch * 4, std::max<int64_t>(int64_t(k) * 2, 4 * batch));
         if (s > 1) {
           EXPECT_LE(tiles, kf::kLayerGemmBlocks / 2);  // the counters
           EXPECT_LE(tiles * s * batch * kf::kLayerGemmTileN,

@@ -54,7 +54,7 @@ bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
   }
   if (tiles > (int64_t(1) << 24)) return false;
   g.tiles = int(tiles);
-  g.splits = layer_gemm_splits(tiles, g.k);
+  g.splits = layer_gemm_splits(tiles, g.k, g.m);
   return g.splits == 1 || (g.scratch != nullptr && g.counters != nullptr);
 }
 
