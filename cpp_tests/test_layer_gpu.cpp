@@ -462,6 +462,95 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   CUDA_OK(cudaGetLastError());
 }
 
+// Weight-read bandwidth of the V2-Lite layer's GEMMs, each on 27 layers' distinct weights (so
+// the weights come from DRAM, not L2) captured in one CUDA graph, at b = 1, 8, 32, 64: printed
+// as microseconds per GEMM and GB/s of weights. A measurement, run only when asked
+// (KF_LAYER_GEMM_BENCH=1): it checks that every launch succeeds.
+TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
+  KF_REQUIRE_GPU();
+  const char* on = std::getenv("KF_LAYER_GEMM_BENCH");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "a measurement: KF_LAYER_GEMM_BENCH=1 runs it";
+  constexpr int kLayers = 27, kReps = 20;
+  struct Kind {
+    const char* name;
+    int k;
+    std::vector<int> n;  // columns per job
+    int num_z;           // heads
+    int64_t w_rows;      // weight rows per layer (all jobs)
+  };
+  const Kind kinds[] = {
+      {"[W_q; W_kv_a] 3648 x 2048", 2048, {3072, 576}, 1, 3648},
+      {"W_o 2048 x 2048", 2048, {2048}, 1, 2048},
+      {"W_UV 16 x 128 x 512", 512, {128}, 16, 16 * 128},
+  };
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
+  std::printf("%-28s %5s %10s %10s\n", "GEMM (27 distinct weights)", "b", "us/GEMM", "GB/s");
+  for (const Kind& kind : kinds) {
+    const size_t w_elems = size_t(kind.w_rows) * kind.k;
+    Dev<uint16_t> w(w_elems * kLayers);
+    ASSERT_TRUE(w.ok());
+    CUDA_OK(cudaMemset(w.get(), 0x3c, w_elems * kLayers * 2));  // bf16 0.0115
+    for (int m : {1, 8, 32, 64}) {
+      Dev<uint16_t> x(size_t(m) * kind.k * kind.num_z), y(size_t(m) * 4096 * kind.num_z);
+      Dev<float> scratch(kf::layer_gemm_scratch_floats(kf::LayerDims{}, m));
+      Dev<int32_t> counters(std::vector<int32_t>(kf::kLayerGemmBlocks / 2, 0));
+      CUDA_OK(cudaMemset(x.get(), 0x3c, size_t(m) * kind.k * kind.num_z * 2));
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      cudaError_t launched = cudaSuccess;
+      for (int l = 0; l < kLayers && launched == cudaSuccess; ++l) {
+        GemmLaunch g{};
+        g.m = m;
+        g.k = kind.k;
+        g.scratch = scratch.get();
+        g.counters = counters.get();
+        g.num_jobs = int(kind.n.size());
+        const uint16_t* wl = w.get() + l * w_elems;
+        int64_t col = 0;
+        for (size_t j = 0; j < kind.n.size(); ++j) {
+          GemmJob& job = g.job[j];
+          job.w = wl + col * kind.k;
+          job.ldw = kind.k;
+          job.w_z = int64_t(kind.n[j]) * kind.k;
+          job.x = x.get();
+          job.ldx = int64_t(kind.k) * kind.num_z;
+          job.x_z = kind.k;
+          job.y = y.get() + col;
+          job.ldy = 4096 * kind.num_z;
+          job.y_z = kind.n[j];
+          job.n_cols = kind.n[j];
+          job.num_z = kind.num_z;
+          col += kind.n[j];
+        }
+        launched = kf::cuda::launch_skinny_gemm(g, WeightLayout::kNK, stream);
+      }
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      ASSERT_EQ(launched, cudaSuccess);
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int r = 0; r < 3; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaEventRecord(e0, stream));
+      for (int r = 0; r < kReps; ++r) CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaEventRecord(e1, stream));
+      CUDA_OK(cudaEventSynchronize(e1));
+      float ms = 0.f;
+      CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+      const double us = 1e3 * ms / (kReps * kLayers);
+      std::printf("%-28s %5d %10.2f %10.0f\n", kind.name, m, us, w_elems * 2 / (us * 1e3));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      for (int32_t v : counters.read()) ASSERT_EQ(v, 0);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(stream);
+}
+
 // ---- the prologue -----------------------------------------------------------------------------
 
 // RoPE tables: angle(pos, i) = pos * 10000^(-i / 32), [max_position][2][32].
