@@ -11,6 +11,29 @@
 
 namespace kf {
 
+// The skinny GEMMs of the layer (src/cuda/layer/skinny_gemm.cuh) compute output tiles of
+// kLayerGemmTileN columns, stream K in stages of kLayerGemmTileK, and split K across blocks
+// when the tiles alone would not give kLayerGemmBlocks blocks (two per SM on a 132-SM H200):
+// each split writes fp32 partials to gemm_scratch, and the last block of a tile to arrive (a
+// per-tile counter in gemm_counters) adds them in split order. The split depends only on the
+// shapes, so the size query and the graph builder agree on every device.
+constexpr int kLayerGemmTileN = 64;
+constexpr int kLayerGemmTileK = 64;
+constexpr int kLayerGemmBlocks = 264;
+
+// Splits of K for a launch of `tiles` output tiles over k (a multiple of kLayerGemmTileK) for
+// m rows: floor(kLayerGemmBlocks / tiles), at most one stage of K per split, and at most
+// k / (2 m) so that the fp32 partials (splits x m x 4 bytes per column) move no more bytes than
+// the bf16 weights (k x 2 bytes per column); at least 1. A launch that splits (> 1) has at most
+// kLayerGemmBlocks / 2 tiles and tiles * splits <= kLayerGemmBlocks.
+inline int layer_gemm_splits(int64_t tiles, int k, int m) {
+  int64_t s = tiles > 0 ? kLayerGemmBlocks / tiles : 1;
+  const int64_t stages = k / kLayerGemmTileK, traffic = m > 0 ? k / (2 * int64_t(m)) : stages;
+  if (s > stages) s = stages;
+  if (s > traffic) s = traffic;
+  return s < 1 ? 1 : int(s);
+}
+
 struct LayerWorkspace {
   // Byte offsets from the workspace start.
   size_t metadata;      // int32 [mla metadata size for (batch, num_workers)]
@@ -24,15 +47,16 @@ struct LayerWorkspace {
   size_t lse;           // fp32 [batch, heads]
   size_t o_heads;       // bf16 [batch, heads * v]: W_UV o_lat per head
   size_t act[2];        // bf16 [batch, hidden]: outputs of the layers before the last
-  size_t gemm_scratch;  // fp32 split-K partials of the GEMMs
+  size_t gemm_scratch;  // fp32 split-K partials of the GEMMs: [tile][split][batch][64]
+  size_t gemm_counters; // int32 [kLayerGemmBlocks / 2]: arrivals per tile, zero between launches
   size_t total;
 };
 
-// fp32 elements of GEMM split-K scratch the graph builder may use (src/cuda/layer/ decides how
-// it splits within this).
+// fp32 elements of GEMM split-K scratch: a splitting launch has tiles * splits <=
+// kLayerGemmBlocks blocks, each writing batch x kLayerGemmTileN partials.
 inline size_t layer_gemm_scratch_floats(const LayerDims& d, int batch) {
   (void)d;
-  return size_t(batch) * 64 * 1024;
+  return size_t(kLayerGemmBlocks) * kLayerGemmTileN * size_t(batch);
 }
 
 inline LayerWorkspace layer_workspace_layout(const LayerDims& d, int batch, int num_workers) {
@@ -57,6 +81,7 @@ inline LayerWorkspace layer_workspace_layout(const LayerDims& d, int batch, int 
   w.act[0] = take(size_t(batch) * d.hidden * 2);
   w.act[1] = take(size_t(batch) * d.hidden * 2);
   w.gemm_scratch = take(layer_gemm_scratch_floats(d, batch) * sizeof(float));
+  w.gemm_counters = take(size_t(kLayerGemmBlocks / 2) * sizeof(int32_t));
   w.total = at;
   return w;
 }

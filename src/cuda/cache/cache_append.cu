@@ -3,17 +3,16 @@
 // memory. Negative slots are skipped; slots past the cache are reported (KF_DEVERR_SLOT_RANGE)
 // and skipped.
 //   16-bit caches: 16-byte copies (72 per row); a 2-byte path serves rows not 16-byte aligned.
-//   8-bit caches (quantize-on-write, core/kv_format8.h byte map): lane l holds latent values
-//   16 l .. 16 l + 15 in fp32, the warp reduces amax with fmaxf (exact, order-free: the same
-//   value as the CPU's loop), each lane quantizes its 16 values with core/quant.h (the CPU's
-//   code, so the bytes are identical) and stores them as one 16-byte write; lanes 0..7 write
-//   the rope (bf16), lane 0 the scale.
+//   8-bit caches (quantize-on-write): lane l loads latent values 16 l .. 16 l + 15 and lanes
+//   0..7 the rope; cache_row.cuh's store_row8_warp quantizes and stores them (the bytes the
+//   CPU backend writes, and the fused layer's prologue).
 #include <cstdint>
 
 #include "core/half_convert.h"
 #include "core/kv_format8.h"
 #include "core/mla_shape.h"
 #include "core/quant.h"
+#include "cuda/cache/cache_row.cuh"
 #include "cuda/common/device_error.cuh"
 #include "cuda/launch.h"
 
@@ -65,38 +64,18 @@ __device__ __forceinline__ void quantize_row_warp(const uint16_t* __restrict__ s
     x[2 * k] = load_16(uint16_t(w[k] & 0xffffu), dtype);
     x[2 * k + 1] = load_16(uint16_t(w[k] >> 16), dtype);
   }
-  float amax = 0.f;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  uint32_t q[4] = {0u, 0u, 0u, 0u};
-  float scale = 0.f;
-  if (amax != 0.f) {  // as quantize_latent: zeros and scale 0 otherwise
-    const float qmax = e4m3 ? kQmaxE4M3 : kQmaxInt8;
-    const float inv = qmax / amax;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const float y = x[k] * inv;
-      const uint32_t v = e4m3 ? float_to_e4m3(y) : uint8_t(float_to_int8_sat(y));
-      q[k / 4] |= v << (8 * (k % 4));
-    }
-    scale = amax / qmax;
-  }
-  *reinterpret_cast<uint4*>(page_base + kv8_latent_offset(page_size, offset) + 16 * lane) =
-      make_uint4(q[0], q[1], q[2], q[3]);
+  uint4 rope = make_uint4(0u, 0u, 0u, 0u);
   if (lane < 8) {  // rope: 64 values, 8 per lane, bf16 (an fp16 row is rounded, RNE)
-    uint4 r = __ldg(s + kLatentDim / 8 + lane);
+    rope = __ldg(s + kLatentDim / 8 + lane);
     if (dtype == DType::kFP16) {
-      uint32_t* rw = reinterpret_cast<uint32_t*>(&r);
+      uint32_t* rw = reinterpret_cast<uint32_t*>(&rope);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         rw[k] = uint32_t(float_to_bf16(half_to_float(uint16_t(rw[k] & 0xffffu)))) |
                 (uint32_t(float_to_bf16(half_to_float(uint16_t(rw[k] >> 16)))) << 16);
     }
-    *reinterpret_cast<uint4*>(page_base + kv8_rope_offset(page_size, offset) + 16 * lane) = r;
   }
-  if (lane == 0) *reinterpret_cast<float*>(page_base + kv8_scale_offset(page_size, offset)) = scale;
+  store_row8_warp(x, rope, e4m3, page_size, page_base, offset, lane);
 }
 
 __global__ void __launch_bounds__(kAppendWarps * 32)

@@ -1,0 +1,68 @@
+// The skinny GEMM as a launch of its own (the projections and the output absorption), and the
+// launch plan every GEMM of the layer shares. The kernel is skinny_gemm.cuh's block: one output
+// tile of 64 columns x all M rows over a share of K, 4 warps, cp.async stages in shared memory.
+#include <cstdint>
+
+#include "cuda/common/pdl.cuh"
+#include "cuda/layer/layer_kernels.h"
+#include "cuda/layer/skinny_gemm.cuh"
+
+namespace kf::cuda {
+namespace {
+
+template <int MT, WeightLayout L>
+__global__ void __launch_bounds__(kGemmThreads)
+    skinny_gemm_kernel(const __grid_constant__ GemmLaunch g) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  gemm_block<MT, L>(g, blockIdx.x, smem);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// W and X rows start 16-byte aligned for every z (cp.async of 16 bytes).
+bool job_ok(const GemmJob& j, WeightLayout layout) {
+  return j.w != nullptr && j.x != nullptr && j.y != nullptr && j.n_cols >= 1 && j.num_z >= 1 &&
+         aligned16(j.w) && aligned16(j.x) && j.ldw % 8 == 0 && j.ldx % 8 == 0 &&
+         j.w_z % 8 == 0 && j.x_z % 8 == 0 && (layout == WeightLayout::kNK || j.n_cols % 8 == 0);
+}
+
+template <WeightLayout L>
+cudaError_t launch_layout(const GemmLaunch& g, cudaStream_t stream) {
+  return with_gemm_mt(g.m, [&](auto mt) {
+    constexpr int MT = decltype(mt)::value;
+    auto kernel = skinny_gemm_kernel<MT, L>;
+    const cudaError_t err = allow_smem(kernel, GemmShape<MT>::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    return launch_pdl(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads),
+                      GemmShape<MT>::kSmemBytes, stream, g);
+  });
+}
+
+}  // namespace
+
+bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
+  if (g.m < 1 || g.m > kGemmMaxM || g.k < kLayerGemmTileK || g.k % kLayerGemmTileK != 0 ||
+      g.num_jobs < 1 || g.num_jobs > 2)
+    return false;
+  int64_t tiles = 0;
+  for (int j = 0; j < g.num_jobs; ++j) {
+    GemmJob& job = g.job[j];
+    if (!job_ok(job, layout)) return false;
+    job.tiles_n = ceil_div(job.n_cols, kLayerGemmTileN);
+    job.tiles = job.tiles_n * job.num_z;
+    tiles += job.tiles;
+  }
+  if (tiles > (int64_t(1) << 24)) return false;
+  g.tiles = int(tiles);
+  g.splits = layer_gemm_splits(tiles, g.k, g.m);
+  return g.splits == 1 || (g.scratch != nullptr && g.counters != nullptr);
+}
+
+cudaError_t launch_skinny_gemm(const GemmLaunch& g, WeightLayout layout, cudaStream_t stream) {
+  GemmLaunch planned = g;
+  if (!plan_gemm(planned, layout)) return cudaErrorInvalidValue;
+  return layout == WeightLayout::kNK ? launch_layout<WeightLayout::kNK>(planned, stream)
+                                     : launch_layout<WeightLayout::kKN>(planned, stream);
+}
+
+}  // namespace kf::cuda

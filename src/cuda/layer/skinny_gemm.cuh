@@ -1,0 +1,272 @@
+// The weight-streaming skinny GEMM of the fused layer: Y[M, N] = X[M, K] W(N, K) with M the
+// batch (1..128), bf16 in and out, fp32 accumulation, the weights read once from DRAM.
+//
+// Tiling. A block of 4 warps computes one output tile of 64 columns (n) for all M rows, over
+// its share of K: the launch splits K across blocks (core/layer_workspace.h) so that the tiles
+// of a launch give about 264 blocks. Block b is tile b % tiles, split b / tiles. The weight is
+// the mma's A operand (mma.sync m16n8k16: 16 weight rows n x 16 k), the activations its B
+// operand (8 rows m of X): warp w owns columns [16 w, 16 w + 16) of the tile and MT = M / 8
+// (rounded up to a power of two) accumulator tiles of 16 x 8, 4 floats per thread each.
+//
+// Shared memory. Stages of 64 k: the weight tile (64 rows of 128 bytes: rows n of W[n][k], or
+// rows k of W[k][n]) and the X tile (8 MT rows m of 128 bytes), each row's eight 16-byte chunks
+// XOR-swizzled by (row & 7) so that ldmatrix reads 8 rows of one chunk conflict-free (the
+// index functions are gemm_layout.h's, checked on the CPU against a model of the instructions).
+// cp.async (16 bytes, zero-fill past N and M) fills kStages stages ahead: 6 for MT <= 2, else
+// 4 (55 KB at M <= 8, 96 KB at M = 128; sm_86 allows 99 KB). Fragments: ldmatrix.x4
+// (W[n][k]) or ldmatrix.x4.trans (W[k][n]) for A, ldmatrix.x4 of one X row group over 32 k for
+// B (two k16 steps).
+//
+// Programmatic dependent launch: the weight stages are requested before pdl_wait (weights never
+// depend on the previous kernel), X after; the next kernel may launch once the main loop is
+// done. Every block waits, so a kernel's completion implies its predecessors'.
+//
+// Split K: each split stores its fp32 partial tile [M][64] to the scratch; the block that
+// brings a tile's counter to `splits` (the last to arrive, after __threadfence) adds the
+// partials in split order, writes bf16 Y and resets the counter to zero for the next launch.
+// The sum order never depends on which block arrives last: replays give the same bits.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/half_convert.h"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/pdl.cuh"
+#include "cuda/layer/gemm_layout.h"
+#include "cuda/layer/layer_kernels.h"
+
+namespace kf::cuda {
+
+constexpr int kGemmThreads = 128;  // 4 warps, 16 output columns each
+constexpr int kGemmRowBytes = kGemmTileRowBytes;  // one 64-value row of a stage tile
+static_assert(kGemmRowBytes == kLayerGemmTileK * 2 && kGemmRowBytes == kLayerGemmTileN * 2,
+              "stage rows of 64 bf16 values");
+
+template <int MT>
+struct GemmShape {
+  static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8 || MT == 16, "MT: 8-row groups of X");
+  static constexpr int kStages = MT <= 2 ? 6 : 4;
+  static constexpr int kWBytes = kLayerGemmTileN * kGemmRowBytes;  // 8 KB
+  static constexpr int kXRows = 8 * MT;
+  static constexpr int kXBytes = kXRows * kGemmRowBytes;
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+};
+
+// cp.async of 16 bytes kept in L2 (X: every block of the launch reads it), zero-filled when
+// src_bytes is 0.
+__device__ __forceinline__ void cp_async_16_shared_l2(uint32_t dst, const void* src,
+                                                      int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// Which job, z (head) and first column tile t of a launch is.
+struct GemmTileId {
+  int job, z, n0;
+};
+__device__ __forceinline__ GemmTileId gemm_tile_id(const GemmLaunch& g, int t) {
+  const int j = (g.num_jobs > 1 && t >= g.job[0].tiles) ? 1 : 0;
+  const int local = j ? t - g.job[0].tiles : t;
+  const int tiles_n = j ? g.job[1].tiles_n : g.job[0].tiles_n;
+  return {j, local / tiles_n, (local % tiles_n) * kLayerGemmTileN};
+}
+
+// The job's pointers for head z (selected field by field: no dynamic indexing of the
+// parameter array).
+struct GemmOperands {
+  const uint16_t* w;
+  const uint16_t* x;
+  uint16_t* y;
+  int64_t ldw, ldx, ldy;
+  int n_cols;
+};
+__device__ __forceinline__ GemmOperands gemm_operands(const GemmLaunch& g, GemmTileId id) {
+  const GemmJob& a = g.job[0];
+  const GemmJob& b = g.job[1];
+  const bool j = id.job != 0;
+  GemmOperands o;
+  o.w = (j ? b.w : a.w) + id.z * (j ? b.w_z : a.w_z);
+  o.x = (j ? b.x : a.x) + id.z * (j ? b.x_z : a.x_z);
+  o.y = (j ? b.y : a.y) + id.z * (j ? b.y_z : a.y_z);
+  o.ldw = j ? b.ldw : a.ldw;
+  o.ldx = j ? b.ldx : a.ldx;
+  o.ldy = j ? b.ldy : a.ldy;
+  o.n_cols = j ? b.n_cols : a.n_cols;
+  return o;
+}
+
+// Stage loads: the weight tile (k from k0, columns from n0) and the X tile (rows 0 .. 8 MT).
+template <WeightLayout L>
+__device__ __forceinline__ void gemm_load_w(uint8_t* stage, const GemmOperands& op, int n0,
+                                            int k0, int tid) {
+#pragma unroll
+  for (int i = 0; i < kLayerGemmTileN * 8 / kGemmThreads; ++i) {
+    const auto [row, chunk] = gemm_copy_chunk(tid + i * kGemmThreads);
+    const uint16_t* src;
+    bool ok;
+    if (L == WeightLayout::kNK) {  // row = n, chunk = 8 k
+      ok = n0 + row < op.n_cols;
+      src = op.w + int64_t(ok ? n0 + row : 0) * op.ldw + k0 + chunk * 8;
+    } else {  // row = k, chunk = 8 n
+      ok = n0 + chunk * 8 < op.n_cols;
+      src = op.w + int64_t(k0 + row) * op.ldw + (ok ? n0 + chunk * 8 : 0);
+    }
+    cp_async_16(smem_u32(stage + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
+  }
+}
+
+template <int MT>
+__device__ __forceinline__ void gemm_load_x(uint8_t* stage, const GemmOperands& op, int m,
+                                            int k0, int tid) {
+  uint8_t* xs = stage + GemmShape<MT>::kWBytes;
+  for (int c = tid; c < GemmShape<MT>::kXRows * 8; c += kGemmThreads) {
+    const auto [row, chunk] = gemm_copy_chunk(c);
+    const bool ok = row < m;
+    const uint16_t* src = op.x + int64_t(ok ? row : 0) * op.ldx + k0 + chunk * 8;
+    cp_async_16_shared_l2(smem_u32(xs + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
+  }
+}
+
+// acc[j] += W tile (this warp's 16 columns) x X rows 8 j .. 8 j + 7 over the stage's 64 k.
+template <int MT, WeightLayout L>
+__device__ __forceinline__ void gemm_stage_mma(float (&acc)[MT][4], const uint8_t* stage,
+                                               int warp, int lane) {
+  const uint8_t* xs = stage + GemmShape<MT>::kWBytes;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {  // 32 k: two k16 steps
+    uint32_t a[2][4];
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      const int ks = 2 * kk + st;
+      if (L == WeightLayout::kNK) {
+        const TileChunk c = gemm_a_chunk_nk(warp, lane, ks);
+        ldmatrix_x4(a[st], smem_u32(stage + gemm_swizzle(c.row, c.chunk)));
+      } else {  // stored rows k, columns n: transposed on load
+        const TileChunk c = gemm_a_chunk_kn(warp, lane, ks);
+        ldmatrix_x4_trans(a[st], smem_u32(stage + gemm_swizzle(c.row, c.chunk)));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      uint32_t b[4];  // (b0, b1) of step 2 kk, then of step 2 kk + 1
+      const TileChunk c = gemm_b_chunk(j, lane, kk);
+      ldmatrix_x4(b, smem_u32(xs + gemm_swizzle(c.row, c.chunk)));
+      mma_16816<__nv_bfloat16>(acc[j], a[0], b[0], b[1]);
+      mma_16816<__nv_bfloat16>(acc[j], a[1], b[2], b[3]);
+    }
+  }
+}
+
+// The last split of a tile to arrive adds the partials in split order and writes Y.
+__device__ __forceinline__ bool gemm_last_arrival(int32_t* counter, int splits) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  return last != 0;
+}
+
+template <int MT>
+__device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOperands& op,
+                                              int tile, int split, int n0,
+                                              const float (&acc)[MT][4], int warp, int lane) {
+  const int m = g.m;
+  if (g.splits == 1) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
+        if (row < m && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
+      }
+    return;
+  }
+  const int64_t tile_floats = int64_t(m) * kLayerGemmTileN;
+  float* tile_base = g.scratch + int64_t(tile) * g.splits * tile_floats;
+  float* mine = tile_base + split * tile_floats;
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = gemm_acc_row(j, lane, e);
+      if (row < m) mine[row * kLayerGemmTileN + gemm_acc_col(warp, lane, e)] = acc[j][e];
+    }
+  if (!gemm_last_arrival(g.counters + tile, g.splits)) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < m * kLayerGemmTileN; e += kGemmThreads) {
+    const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
+    if (col >= op.n_cols) continue;
+    float sum = 0.f;
+    for (int s = 0; s < g.splits; ++s) sum += __ldcg(tile_base + s * tile_floats + e);
+    op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum);
+  }
+  if (threadIdx.x == 0) g.counters[tile] = 0;
+}
+
+// Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned.
+template <int MT, WeightLayout L>
+__device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t* smem) {
+  using Shape = GemmShape<MT>;
+  constexpr int kAhead = Shape::kStages - 1;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tile = bid % g.tiles, split = bid / g.tiles;
+  const GemmTileId id = gemm_tile_id(g, tile);
+  const GemmOperands op = gemm_operands(g, id);
+  const int stages = g.k / kLayerGemmTileK;
+  const int kt0 = split * stages / g.splits, kt1 = (split + 1) * stages / g.splits;
+  const int nk = kt1 - kt0;
+  auto stage_ptr = [&](int i) { return smem + (i % Shape::kStages) * Shape::kStageBytes; };
+
+  for (int i = 0; i < kAhead; ++i)
+    if (i < nk) gemm_load_w<L>(stage_ptr(i), op, id.n0, (kt0 + i) * kLayerGemmTileK, tid);
+  pdl_wait();  // X is the previous kernel's output
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < nk) gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid);
+    cp_async_commit();
+  }
+
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
+    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
+    const int next = i + kAhead;
+    if (next < nk) {
+      gemm_load_w<L>(stage_ptr(next), op, id.n0, (kt0 + next) * kLayerGemmTileK, tid);
+      gemm_load_x<MT>(stage_ptr(next), op, g.m, (kt0 + next) * kLayerGemmTileK, tid);
+    }
+    cp_async_commit();
+    gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane);
+  }
+  cp_async_wait<0>();
+  pdl_launch_dependents();
+  gemm_epilogue<MT>(g, op, tile, split, id.n0, acc, warp, lane);
+}
+
+// f(std::integral_constant<int, MT>) for the smallest MT with 8 MT >= m (m in 1..128).
+template <typename F>
+cudaError_t with_gemm_mt(int m, F&& f) {
+  if (m <= 8) return f(std::integral_constant<int, 1>{});
+  if (m <= 16) return f(std::integral_constant<int, 2>{});
+  if (m <= 32) return f(std::integral_constant<int, 4>{});
+  if (m <= 64) return f(std::integral_constant<int, 8>{});
+  return f(std::integral_constant<int, 16>{});
+}
+
+// The dynamic shared memory of a kernel above 48 KB needs the opt-in attribute.
+template <typename Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+}  // namespace kf::cuda
