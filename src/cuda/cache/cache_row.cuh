@@ -2,9 +2,11 @@
 // (core/kv_format8.h byte map) by one warp, quantize-on-write: the bytes kf_cache_append writes.
 // Shared by the append and conversion kernels (cache_append.cu) and the fused layer's prologue
 // (cuda/layer/), so every writer of an 8-bit cache produces the same bytes for the same row.
-//   Lane l holds latent values 16 l .. 16 l + 15 in fp32; the warp reduces amax with fmaxf
-//   (exact, order-free: the CPU loop's value), each lane quantizes its 16 values with
-//   core/quant.h (the CPU's code) and stores them as one 16-byte write; lanes 0..7 store the
+//   Lane l holds latent values 16 l .. 16 l + 15 in fp32 and takes their amax with core/quant.h's
+//   latent_amax_step (a NaN counts as +Inf); the warp reduces the lanes' maxima with fmaxf (exact,
+//   order-free: the CPU loop's value); each lane quantizes its 16 values with core/quant.h (the
+//   CPU's code: zero codes and a NaN scale for a non-finite latent, docs/spec.md section 6) and
+//   stores them as one 16-byte write; lanes 0..7 store the
 //   rope (8 bf16 values each, one 16-byte write), lane 0 the scale.
 #pragma once
 
@@ -23,21 +25,16 @@ __device__ __forceinline__ void store_row8_warp(const float (&x)[16], uint4 rope
                                                 int offset, int lane) {
   float amax = 0.f;
 #pragma unroll
-  for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(x[k]));
+  for (int k = 0; k < 16; ++k) amax = latent_amax_step(amax, x[k]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   uint32_t q[4] = {0u, 0u, 0u, 0u};
-  float scale = 0.f;
-  if (amax != 0.f) {  // as quantize_latent: zeros and scale 0 otherwise
-    const float qmax = e4m3 ? kQmaxE4M3 : kQmaxInt8;
-    const float inv = qmax / amax;
+  const float scale = latent_scale(amax, e4m3);
+  if (latent_has_codes(amax)) {  // as quantize_latent: zero codes otherwise
+    const float inv = (e4m3 ? kQmaxE4M3 : kQmaxInt8) / amax;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const float y = x[k] * inv;
-      const uint32_t v = e4m3 ? float_to_e4m3(y) : uint8_t(float_to_int8_sat(y));
-      q[k / 4] |= v << (8 * (k % 4));
-    }
-    scale = amax / qmax;
+    for (int k = 0; k < 16; ++k)
+      q[k / 4] |= uint32_t(quantize_code(x[k] * inv, e4m3)) << (8 * (k % 4));
   }
   *reinterpret_cast<uint4*>(page_base + kv8_latent_offset(page_size, offset) + 16 * lane) =
       make_uint4(q[0], q[1], q[2], q[3]);
