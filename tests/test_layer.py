@@ -145,7 +145,7 @@ def make_problem(rng, shape: Shape, fmt: str, history, steps=3, num_layers=2, pa
 def to_torch(a, device):
     import torch
 
-    a = np.ascontiguousarray(a)
+    a = np.array(a, copy=True)  # never shares memory with the problem's arrays
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(a).to(device)
@@ -620,10 +620,12 @@ def test_error_writes_nothing(valid):
 
 # ---- GPU: the CUDA graph against the CPU layer ------------------------------------------------
 
+GPU = "cuda"  # the PyTorch device of the GPU tests
+
 def compare_devices(p: Problem, steps: int, **runner_kw):
     """The CUDA graph and the CPU layer, same inputs and cache format: the output of every step
     within the acceptance bound."""
-    cpu, gpu = Runner(p), Runner(p, device="cuda", **runner_kw)
+    cpu, gpu = Runner(p), Runner(p, device=GPU, **runner_kw)
     dists = []
     for step in range(steps):
         want, got = cpu.step(step), gpu.step(step)
@@ -663,7 +665,7 @@ def test_gpu_replays_match_second_graph(rng, fmt):
     """Replays of one graph give the same bits as a second graph built from the same inputs."""
     p = make_problem(rng, V2_LITE, fmt, history=[500, 77, 1200], steps=3, num_layers=2,
                      page_size=64)
-    a, b = Runner(p, device="cuda"), Runner(p, device="cuda")
+    a, b = Runner(p, device=GPU), Runner(p, device=GPU)
     for step in range(3):
         assert bits(a.step(step)) == bits(b.step(step)), f"{fmt} step {step}"
     for ca, cb in zip(a.caches, b.caches):
@@ -676,7 +678,7 @@ def test_gpu_replays_match_second_graph(rng, fmt):
 def test_gpu_kernel_nodes(rng, num_layers):
     """At most 8 kernel nodes per layer, plus the scheduler metadata once per step."""
     p = make_problem(rng, V3_SMALL, "bf16", history=[30, 40], steps=1, num_layers=num_layers)
-    nodes = Runner(p, device="cuda").graph.kernel_nodes
+    nodes = Runner(p, device=GPU).graph.kernel_nodes
     assert 0 < nodes <= 8 * num_layers + 1, nodes
 
 
@@ -691,7 +693,7 @@ def test_gpu_bad_values_between_replays(rng, kind, fmt):
     import torch
 
     p = make_problem(rng, V3_SMALL, fmt, history=[40, 20], steps=3, num_layers=2)
-    gpu, cpu = Runner(p, device="cuda"), Runner(p)
+    gpu, cpu = Runner(p, device=GPU), Runner(p)
     gpu.step(0)
     cpu.step(0)
     what, bad, flag = BAD_VALUES[kind]
@@ -713,6 +715,6 @@ def test_gpu_bad_values_between_replays(rng, kind, fmt):
     got = gpu.step(2)
     cpu.step(1)
     want = cpu.step(2)
-    assert gpu.errors() == [0, -1, 0, 0]
+    assert gpu.errors() == [0, -1, 0, 0], gpu.errors()
     dist = float(ref.cosine_distance(f64(got[0]), f64(want[0]), axis=None))
     assert dist < MAX_COS_DIST, dist

@@ -175,7 +175,7 @@ kf_layer_config layer_config(const nb::dict& c) {
 
 // The tensors of one layer in kf_layer_weights' order: the flat list layer_graph_create takes
 // holds LAYER_FIELDS of them per layer (None for an absent one).
-constexpr const char* kLayerFields[] = {"w_q",    "w_q_a",     "q_a_norm", "w_q_b",   "w_kv_a",
+constexpr const char* kLayerFields[] = {"w_q",       "w_q_a",  "q_a_norm", "w_q_b",   "w_kv_a",
                                         "kv_a_norm", "w_kv_b", "w_o",      "kv_cache"};
 constexpr size_t kNumLayerFields = sizeof(kLayerFields) / sizeof(kLayerFields[0]);
 
@@ -188,10 +188,11 @@ class LayerGraph {
   LayerGraph& operator=(const LayerGraph&) = delete;
 
   void launch(uintptr_t stream) {
+    kf_layer_graph* graph = open();
     kf_status st;
     {
       nb::gil_scoped_release unlocked;  // the CPU backend computes the layers here
-      st = kf_layer_graph_launch(open(), as_stream(stream));
+      st = kf_layer_graph_launch(graph, as_stream(stream));
     }
     check(st, "kf_layer_graph_launch");
   }
@@ -336,7 +337,7 @@ NB_MODULE(_C, m) {
   m.attr("DEVERR_METADATA") = KF_DEVERR_METADATA;
   m.attr("DEVERR_SLOT_RANGE") = KF_DEVERR_SLOT_RANGE;
   m.attr("LAYER_MAX_BATCH") = KF_LAYER_MAX_BATCH;
-  m.attr("LAYER_FIELDS") = nb::make_tuple(kLayerFields[0], kLayerFields[1], kLayerFields[2],
-                                          kLayerFields[3], kLayerFields[4], kLayerFields[5],
-                                          kLayerFields[6], kLayerFields[7], kLayerFields[8]);
+  nb::list fields;
+  for (const char* field : kLayerFields) fields.append(field);
+  m.attr("LAYER_FIELDS") = nb::tuple(fields);
 }
