@@ -50,6 +50,32 @@ def cache_append(
 def cache_convert(src: ArrayLike, dst: ArrayLike, kv_format: int, stream: int = 0) -> None: ...
 def describe(array: ArrayLike) -> dict[str, Any]: ...
 
+class _LayerGraph:  # private: kernelflow.DecodeGraph wraps it
+    def launch(self, stream: int = 0) -> None: ...
+    @property
+    def kernel_nodes(self) -> int: ...
+    def close(self) -> None: ...
+
+# config: kf_layer_config's fields by name (kv_format as its code); weights: LAYER_FIELDS
+# entries per layer, None for an absent tensor.
+def layer_graph_create(
+    config: dict[str, Any],
+    weights: list[Optional[ArrayLike]],
+    hidden: ArrayLike,
+    output: ArrayLike,
+    positions: ArrayLike,
+    cache_seqlens: ArrayLike,
+    block_table: ArrayLike,
+    cos_sin: ArrayLike,
+    error_buffer: Optional[ArrayLike],
+    batch: int,
+    num_workers: int,
+    workspace: Optional[ArrayLike],
+) -> _LayerGraph: ...
+def layer_workspace_size(
+    config: dict[str, Any], batch: int, num_workers: int, device_id: int
+) -> int: ...
+
 KV_BF16: int
 KV_FP16: int
 KV_FP8_E4M3: int
@@ -65,3 +91,5 @@ DEVERR_SEQLEN_RANGE: int
 DEVERR_PAGE_RANGE: int
 DEVERR_METADATA: int
 DEVERR_SLOT_RANGE: int
+LAYER_MAX_BATCH: int
+LAYER_FIELDS: tuple[str, ...]

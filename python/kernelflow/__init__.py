@@ -5,6 +5,13 @@
     out, lse = kf.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
                              softmax_scale=0.114721)
 
+The fused decode layer (the attention blocks of L layers in one CUDA graph per step):
+
+    cfg = kf.LayerConfig.deepseek_v2_lite(max_batch=8, max_pages_per_seq=64, max_position=4096)
+    graph = kf.DecodeGraph(cfg, layers, hidden=..., output=..., positions=...,
+                           cache_seqlens=..., block_table=..., cos_sin=...)
+    graph.launch()
+
 Arrays from NumPy, PyTorch, CuPy and JAX (CPU) are accepted through DLPack; CPU arrays run the
 reference CPU backend, CUDA arrays the GPU kernels. `python -m kernelflow info` prints the build.
 kernelflow.reference is the float64 NumPy reference of the same math (docs/spec.md) that the
@@ -12,6 +19,7 @@ tests, the demo and the benchmarks check the library against.
 """
 
 from . import _C
+from .layer import DecodeGraph, LayerConfig, layer_workspace_size
 from .mla import (
     DEVERR_METADATA,
     DEVERR_PAGE_RANGE,
@@ -56,8 +64,10 @@ __all__ = [
     "DEVERR_PAGE_RANGE",
     "DEVERR_SEQLEN_RANGE",
     "DEVERR_SLOT_RANGE",
+    "DecodeGraph",
     "ERROR_BUFFER_LEN",
     "KV_FORMATS",
+    "LayerConfig",
     "__version__",
     "build_info",
     "cache_append",
@@ -68,6 +78,7 @@ __all__ = [
     "default_num_workers",
     "get_mla_metadata",
     "has_cuda",
+    "layer_workspace_size",
     "metadata_size",
     "mla_decode",
     "new_error_buffer",

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor.h"
 
@@ -147,6 +148,131 @@ int cuda_device_count() {
   return kf_cuda_device_count();
 }
 
+// ---- the fused decode layer ---------------------------------------------------------------
+
+// kf_layer_config from a dict with its field names (kernelflow.LayerConfig, kv_format as its
+// code); the library checks every value.
+kf_layer_config layer_config(const nb::dict& c) {
+  const auto i = [&](const char* key) { return nb::cast<int>(c[key]); };
+  const auto f = [&](const char* key) { return nb::cast<float>(c[key]); };
+  kf_layer_config cfg{};
+  cfg.hidden_size = i("hidden_size");
+  cfg.num_heads = i("num_heads");
+  cfg.q_lora_rank = i("q_lora_rank");
+  cfg.kv_lora_rank = i("kv_lora_rank");
+  cfg.qk_nope_head_dim = i("qk_nope_head_dim");
+  cfg.qk_rope_head_dim = i("qk_rope_head_dim");
+  cfg.v_head_dim = i("v_head_dim");
+  cfg.rms_norm_eps = f("rms_norm_eps");
+  cfg.softmax_scale = f("softmax_scale");
+  cfg.kv_format = static_cast<kf_kv_format>(i("kv_format"));
+  cfg.page_size = i("page_size");
+  cfg.max_batch = i("max_batch");
+  cfg.max_pages_per_seq = i("max_pages_per_seq");
+  cfg.max_position = i("max_position");
+  return cfg;
+}
+
+// The tensors of one layer in kf_layer_weights' order: the flat list layer_graph_create takes
+// holds LAYER_FIELDS of them per layer (None for an absent one).
+constexpr const char* kLayerFields[] = {"w_q",       "w_q_a",  "q_a_norm", "w_q_b",   "w_kv_a",
+                                        "kv_a_norm", "w_kv_b", "w_o",      "kv_cache"};
+constexpr size_t kNumLayerFields = sizeof(kLayerFields) / sizeof(kLayerFields[0]);
+
+// A graph made by kf_layer_graph_create, destroyed with its Python object (or by close()).
+class LayerGraph {
+ public:
+  explicit LayerGraph(kf_layer_graph* graph) : graph_(graph) {}
+  ~LayerGraph() { kf_layer_graph_destroy(graph_); }
+  LayerGraph(const LayerGraph&) = delete;
+  LayerGraph& operator=(const LayerGraph&) = delete;
+
+  void launch(uintptr_t stream) {
+    kf_layer_graph* graph = open();
+    kf_status st;
+    {
+      nb::gil_scoped_release unlocked;  // the CPU backend computes the layers here
+      st = kf_layer_graph_launch(graph, as_stream(stream));
+    }
+    check(st, "kf_layer_graph_launch");
+  }
+  int kernel_nodes() {
+    int nodes = 0;
+    check(kf_layer_graph_kernel_nodes(open(), &nodes), "kf_layer_graph_kernel_nodes");
+    return nodes;
+  }
+  void close() {
+    kf_layer_graph_destroy(graph_);
+    graph_ = nullptr;
+  }
+
+ private:
+  kf_layer_graph* open() const {
+    if (graph_ == nullptr) throw nb::value_error("graph: closed (close() was called)");
+    return graph_;
+  }
+  kf_layer_graph* graph_;
+};
+
+LayerGraph* layer_graph_create(const nb::dict& config, const nb::list& weights,
+                               nb::handle hidden, nb::handle output, nb::handle positions,
+                               nb::handle cache_seqlens, nb::handle block_table,
+                               nb::handle cos_sin, nb::handle error_buffer, int batch,
+                               int num_workers, nb::handle workspace) {
+  const kf_layer_config cfg = layer_config(config);
+  const size_t n = nb::len(weights);
+  if (n == 0 || n % kNumLayerFields != 0)
+    throw nb::value_error(("weights: expected " + std::to_string(kNumLayerFields) +
+                           " entries per layer, got " + std::to_string(n)).c_str());
+  const int num_layers = int(n / kNumLayerFields);
+  std::vector<Tensor> tensors;
+  tensors.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    const std::string name = "layers[" + std::to_string(k / kNumLayerFields) + "]." +
+                             kLayerFields[k % kNumLayerFields];
+    const bool is_cache = k % kNumLayerFields == kNumLayerFields - 1;
+    tensors.push_back(is_cache ? as_output(weights[k], name.c_str(), /*optional=*/true)
+                               : as_input(weights[k], name.c_str(), /*optional=*/true));
+  }
+  std::vector<kf_layer_weights> layers(static_cast<size_t>(num_layers));
+  for (int l = 0; l < num_layers; ++l) {
+    Tensor* t = &tensors[size_t(l) * kNumLayerFields];
+    layers[size_t(l)] = kf_layer_weights{t[0].in(), t[1].in(), t[2].in(), t[3].in(), t[4].in(),
+                                         t[5].in(), t[6].in(), t[7].in(), t[8].out()};
+  }
+  Tensor hidden_t = as_input(hidden, "io.hidden");
+  Tensor output_t = as_output(output, "io.output");
+  Tensor positions_t = as_input(positions, "io.positions");
+  Tensor seqlens_t = as_input(cache_seqlens, "io.cache_seqlens");
+  Tensor table_t = as_input(block_table, "io.block_table");
+  Tensor cos_sin_t = as_input(cos_sin, "io.cos_sin");
+  Tensor error_t = as_output(error_buffer, "io.error_buffer", /*optional=*/true);
+  Tensor workspace_t = as_output(workspace, "workspace", /*optional=*/true);
+  const kf_layer_io io{hidden_t.in(),  output_t.out(), positions_t.in(), seqlens_t.in(),
+                       table_t.in(),   cos_sin_t.in(), error_t.out()};
+  kf_layer_graph* graph = nullptr;
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;  // a CUDA graph is captured and instantiated here
+    st = kf_layer_graph_create(&cfg, layers.data(), num_layers, &io, batch, num_workers,
+                               workspace_t.out(), &graph);
+  }
+  check(st, "kf_layer_graph_create");
+  return new LayerGraph(graph);
+}
+
+size_t layer_workspace_size(const nb::dict& config, int batch, int num_workers, int device_id) {
+  const kf_layer_config cfg = layer_config(config);
+  size_t bytes = 0;
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;  // may query the CUDA driver for the default worker count
+    st = kf_layer_workspace_size(&cfg, batch, num_workers, device_id, &bytes);
+  }
+  check(st, "kf_layer_workspace_size");
+  return bytes;
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -180,6 +306,18 @@ NB_MODULE(_C, m) {
         nb::arg("stream") = 0);
   m.def("cache_convert", &cache_convert, nb::arg("src"), nb::arg("dst"), nb::arg("kv_format"),
         nb::arg("stream") = 0);
+  // Private: kernelflow.DecodeGraph wraps it.
+  nb::class_<LayerGraph>(m, "_LayerGraph")
+      .def("launch", &LayerGraph::launch, nb::arg("stream") = 0)
+      .def_prop_ro("kernel_nodes", &LayerGraph::kernel_nodes)
+      .def("close", &LayerGraph::close);
+  m.def("layer_graph_create", &layer_graph_create, nb::arg("config"), nb::arg("weights"),
+        nb::arg("hidden"), nb::arg("output"), nb::arg("positions"), nb::arg("cache_seqlens"),
+        nb::arg("block_table"), nb::arg("cos_sin"), nb::arg("error_buffer").none(),
+        nb::arg("batch"), nb::arg("num_workers"), nb::arg("workspace").none(),
+        nb::rv_policy::take_ownership);
+  m.def("layer_workspace_size", &layer_workspace_size, nb::arg("config"), nb::arg("batch"),
+        nb::arg("num_workers"), nb::arg("device_id"));
   m.def("describe", &kf::py::describe, nb::arg("array"),
         "The DLTensor the binding builds for an array: what the C API sees.");
 
@@ -198,4 +336,8 @@ NB_MODULE(_C, m) {
   m.attr("DEVERR_PAGE_RANGE") = KF_DEVERR_PAGE_RANGE;
   m.attr("DEVERR_METADATA") = KF_DEVERR_METADATA;
   m.attr("DEVERR_SLOT_RANGE") = KF_DEVERR_SLOT_RANGE;
+  m.attr("LAYER_MAX_BATCH") = KF_LAYER_MAX_BATCH;
+  nb::list fields;
+  for (const char* field : kLayerFields) fields.append(field);
+  m.attr("LAYER_FIELDS") = nb::tuple(fields);
 }

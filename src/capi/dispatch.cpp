@@ -3,11 +3,13 @@
 #include "capi/error.h"
 #include "capi/tensor_check.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/layer.h"
 
 #if KF_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include "cuda/launch.h"
+#include "cuda/layer/layer_graph.h"
 #endif
 
 namespace kf::capi {
@@ -221,5 +223,52 @@ kf_status run_convert(const Device& dev, const CacheConvertParams& p,
                 KF_CUDA_LAUNCHER(launch_cache_convert));
 }
 #undef KF_CUDA_LAUNCHER
+
+kf_status run_layer_graph_create(const Device& dev, const LayerGraphParams& p, kf_layer_graph* g) {
+  if (!dev.cuda) {
+    g->cpu = new cpu::LayerGraph(p);
+    return KF_SUCCESS;
+  }
+#if KF_WITH_CUDA
+  return on_device(dev, "layer_graph_create",
+                   [&] { return kf::cuda::layer_graph_create(p, &g->cuda); });
+#else
+  return check_backend(dev);
+#endif
+}
+
+kf_status run_layer_graph_launch(kf_layer_graph* g, [[maybe_unused]] void* stream) {
+  if (!g->dev.cuda) {
+    g->cpu->launch();
+    return KF_SUCCESS;
+  }
+#if KF_WITH_CUDA
+  return on_device(g->dev, "layer_graph_launch", [&] {
+    return kf::cuda::layer_graph_launch(g->cuda, static_cast<cudaStream_t>(stream));
+  });
+#else
+  return check_backend(g->dev);
+#endif
+}
+
+int layer_graph_kernel_nodes(const kf_layer_graph* g) {
+#if KF_WITH_CUDA
+  if (g->cuda) return kf::cuda::layer_graph_kernel_nodes(g->cuda);
+#endif
+  (void)g;
+  return 0;
+}
+
+void run_layer_graph_destroy(kf_layer_graph* g) {
+  delete g->cpu;
+  g->cpu = nullptr;
+#if KF_WITH_CUDA
+  if (g->cuda) {
+    DeviceGuard guard(g->dev.id);  // the graph's memory belongs to its device
+    kf::cuda::layer_graph_destroy(g->cuda);
+    g->cuda = nullptr;
+  }
+#endif
+}
 
 }  // namespace kf::capi

@@ -4,8 +4,16 @@
 
 #include <string>
 
+#include "core/layer_params.h"
 #include "core/params.h"
 #include "kernelflow/kernelflow.h"
+
+namespace kf::cpu {
+class LayerGraph;
+}
+namespace kf::cuda {
+struct LayerGraph;
+}
 
 namespace kf::capi {
 
@@ -30,9 +38,26 @@ kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream);
 kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream);
 kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream);
 
+// The fused decode layer's graph (the kf_layer_graph below) on its device: built from validated
+// params (the CPU backend keeps a copy of them and runs the layers in fp32 at each launch; a CUDA
+// device captures every launch once into a graph), launched on `stream` (ignored by the CPU),
+// and destroyed. On failure create leaves the graph's backend object null.
+kf_status run_layer_graph_create(const Device& dev, const LayerGraphParams& p, kf_layer_graph* g);
+kf_status run_layer_graph_launch(kf_layer_graph* g, void* stream);
+int layer_graph_kernel_nodes(const kf_layer_graph* g);  // 0 on the CPU backend
+void run_layer_graph_destroy(kf_layer_graph* g);
+
 int cuda_device_count();  // 0 without a driver or GPU, or without CUDA in the build
 kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
                                    int* num_workers);
 std::string cuda_runtime_description();  // "cuda runtime 13.0" or "no CUDA runtime"
 
 }  // namespace kf::capi
+
+// The opaque handle of kernelflow.h: the device the graph was built for and its backend's object
+// (exactly one of cpu and cuda is set once creation succeeds).
+struct kf_layer_graph {
+  kf::capi::Device dev;
+  kf::cpu::LayerGraph* cpu = nullptr;
+  kf::cuda::LayerGraph* cuda = nullptr;
+};

@@ -37,10 +37,7 @@ kf_status check_format_dtype(kf_kv_format f, const DLTensor* t, const char* name
   return KF_SUCCESS;
 }
 
-struct CacheGeometry {
-  int page_size, page_shift, num_pages;
-  int64_t page_stride, token_stride;  // elements (16-bit) or bytes (8-bit)
-};
+}  // namespace
 
 kf_status check_cache(const DLTensor* c, kf_kv_format f, DLDataType operand, CacheGeometry* g) {
   const char* name = "kv_cache";
@@ -94,6 +91,8 @@ kf_status check_error_buffer(const DLTensor* e) {
   KF_CHECK(check_compact(e, name));
   return check_alignment(e, name, 4);
 }
+
+namespace {
 
 // A 1-D compact int32 tensor of `len` elements (len < 0: any length).
 kf_status check_int32_vector(const DLTensor* t, const char* name, int64_t len, const char* what) {

@@ -23,6 +23,18 @@ struct DecodeArgs {
   DLTensor* error_buffer;
 };
 
+// Where a cache's tokens lie: kv_cache's geometry after check_cache.
+struct CacheGeometry {
+  int page_size, page_shift, num_pages;
+  int64_t page_stride, token_stride;  // elements (16-bit) or bytes (8-bit)
+};
+
+// The rules of kernelflow.h for a kv_cache of format f whose 16-bit rows have dtype `operand`;
+// messages name the tensor "kv_cache".
+kf_status check_cache(const DLTensor* c, kf_kv_format f, DLDataType operand, CacheGeometry* g);
+// An optional error buffer, int32[>= KF_ERROR_BUFFER_LEN]; messages name it "error_buffer".
+kf_status check_error_buffer(const DLTensor* e);
+
 kf_status validate_metadata_call(const DLTensor* cache_seqlens, int h_q, int s_q, int num_workers,
                                  kf_kv_format kv_format, DLTensor* metadata, Device* dev,
                                  MlaMetadataParams* p);

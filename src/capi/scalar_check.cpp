@@ -25,7 +25,7 @@ kf_status check_kv_format(kf_kv_format f) {
               int(f));
 }
 
-static kf_status check_range(int64_t v, int64_t lo, int64_t hi, const char* name) {
+kf_status check_range(int64_t v, int64_t lo, int64_t hi, const char* name) {
   if (v >= lo && v <= hi) return KF_SUCCESS;
   return fail(KF_ERROR_INVALID_ARGUMENT, "%s: expected %" PRId64 "..%" PRId64 ", got %" PRId64,
               name, lo, hi, v);

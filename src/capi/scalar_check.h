@@ -12,6 +12,8 @@ namespace kf::capi {
 constexpr int64_t kMaxBatch = int64_t(1) << 20;
 constexpr int64_t kMaxWorkers = int64_t(1) << 16;
 
+// v in lo..hi: "<name>: expected lo..hi, got v".
+kf_status check_range(int64_t v, int64_t lo, int64_t hi, const char* name);
 const char* kv_format_name(kf_kv_format f);  // "KF_KV_BF16", ... or "unknown"
 kf_status check_kv_format(kf_kv_format f);
 kf_status check_h_q(int64_t h_q, const char* name);
