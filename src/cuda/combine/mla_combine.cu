@@ -25,7 +25,6 @@
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
-#include "cuda/common/timeline.cuh"
 
 namespace kf::cuda {
 namespace {
@@ -43,19 +42,6 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
                : "=f"(o.x), "=f"(o.y), "=f"(o.z), "=f"(o.w)
                : "l"(src));
   return o;
-}
-
-__device__ __forceinline__ void timeline_start(const MlaDecodeParams& p) {
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0)
-    atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
-#endif
-}
-__device__ __forceinline__ void timeline_end(const MlaDecodeParams& p) {
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0)
-    atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
-#endif
 }
 
 // Request r's pieces [first, first + n), read with the header words (one round trip); false
@@ -107,7 +93,6 @@ __device__ __forceinline__ void store4(T* out, float4 v) {
 template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
-  timeline_start(p);
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
   int first = 0, n = 0;
@@ -161,14 +146,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   for (int j = 0; j < 4; ++j) store4<T>(out + 128 * j, acc[j]);
   if (lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
   pdl_launch_dependents();
-  timeline_end(p);
 }
 
 // Few requests, many pieces each: a block per (request, row, quarter of the row) (see the top).
 template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
-  timeline_start(p);
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int first = 0, n = 0;
@@ -242,7 +225,6 @@ __global__ void __launch_bounds__(kManyWarps * 32)
   store4<T>(out, acc);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
   pdl_launch_dependents();
-  timeline_end(p);
 }
 
 template <typename T>

@@ -59,7 +59,6 @@
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
-#include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/kv8_dequant.cuh"
 #include "cuda/decode/sm80/kv_tile_loader.cuh"
 #include "cuda/decode/sm80/mla_decode_sm80.h"  // the declarations (default kFmt)
@@ -184,15 +183,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   // Launched as a programmatic dependent (pdl.cuh): wait for the previous kernel in the stream
   // (it may have written q, the cache, the block table or the metadata) before any read.
   pdl_wait();
-#ifdef KF_PLACEMENT_PAD
-  // Research builds only (-DKF_PLACEMENT_PAD=K): K one-time instructions here shift all the code
-  // after them by K instructions. The FP8 tile loop's speed depends on where it lands (+8-11%
-  // at two of seven placements, research/perf/NOTES.md), so an A/B of a change that moves code
-  // ahead of the loop is checked at a few K before it is believed.
-#pragma unroll
-  for (int i = 0; i < KF_PLACEMENT_PAD; ++i) asm volatile("nanosleep.u32 0;\n");
-#endif
-  KF_TIMELINE_MARK(p, kTlEntry);
   if (tid == 0) {
     // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
     // then finds it in L1 when it collects the pieces.
@@ -231,15 +221,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     if (tid == 0) collect_pieces<Tr>(p, w, first, pieces, counts);
     __syncthreads();
     const int n = counts[0], total = counts[1];
-#ifdef KF_TIMELINE
-    if (first == 0) {
-      KF_TIMELINE_MARK(p, kTlPieces);
-      KF_TIMELINE_SET(p, kTlNumPieces, total);
-      int tokens = 0;
-      for (int i = 0; i < n; ++i) tokens += pieces[i].end - pieces[i].begin;
-      KF_TIMELINE_SET(p, kTlTokens, tokens);
-    }
-#endif
 
     // ---- producer: the next tile to load (every warp tracks it and copies its share). Its
     // piece's end and request live in registers: reading them from the piece list for every tile
@@ -437,7 +418,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           cp_async_wait<kAhead - 1>();
           __syncthreads();
         }
-        if (first == 0 && pi == 0 && tile_tok == tok_begin) KF_TIMELINE_MARK(p, kTlFirstTile);
         // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
         // and alpha rows are its own, and softmax(t) rewrites them only after the group's
         // barrier behind QK(t), which every warp of the group passes after this.
@@ -755,21 +735,12 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
             }
         }
       }
-      if (first == 0 && pi < 8) KF_TIMELINE_MARK(p, kTlPieceEnd + pi);
     }
     cp_async_wait<0>();
     if (first + Tr::kMaxPieces >= total) break;
     __syncthreads();  // everyone is done with this round's piece list
   }
-  KF_TIMELINE_MARK(p, kTlExit);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0) {
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    KF_TIMELINE_SET(p, kTlSm, sm);
-  }
-#endif
 }
 
 // Launch one configuration; the attribute is set per call (cheap, allowed during capture).
