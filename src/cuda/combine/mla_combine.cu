@@ -230,15 +230,10 @@ __global__ void __launch_bounds__(kManyWarps * 32)
 template <typename T>
 cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
-  // warps of a block split the pieces. Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264
-  // workers, decode + combine): b = 1 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16
-  // workers per request) 36.2 -> 37.4 us. Otherwise a warp per row. The earlier block per row
-  // (a thread per float4, each of its 4 warps reducing the row's lse values again, registers
-  // for 8 pieces where there are typically 2-5, two waves at b = 128) took 6.2 us at b = 128
-  // (Nsight Compute, L2 as the decode left it); research harness, same call: bf16 h_q 16 b=128
-  // s_k 4096 153.6 -> 151.9 us, h_q 128 b=64 327.5 -> 321.8, FP8 b=128 113.1 -> 110.9; b=64
-  // within 0.2 us (research/perf/s7/combine_warp_rows.txt).
-  // A plain launch: as a programmatic dependent of the decode it was slower (pdl.cuh).
+  // warps of a block split the pieces, so a row's long piece list is not one warp's serial
+  // chain. Otherwise a warp per row: typically 2-5 pieces, the row's lse values reduced once,
+  // one wave of blocks. A plain launch: as a programmatic dependent of the decode the combine
+  // is slower (pdl.cuh).
   if (p.num_workers >= 32 * p.batch) {
     const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
     mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);

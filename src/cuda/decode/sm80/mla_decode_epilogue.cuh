@@ -50,7 +50,8 @@ __device__ __forceinline__ void finish_row_stats(const DecodeSmem<Tr>& sm,
 // 16-bit caches: O / l of this warp's rows and 128 dims to out or o_accum. Output pair i of a
 // thread's row is fragment i, dims d 16 + 2 (lane % 4) + 64 (i / 2) + 8 (i % 2): a quad's 4
 // pairs are 32 consecutive bytes (one sector). The partials are stored evict-last in L2: the
-// combine reads them back after the rest of the call's KV stream has passed through L2.
+// combine reads them back after the rest of the call's KV stream has passed through L2. (The
+// 8-bit path stores its partials plainly: evict-last did not pay off there.)
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o16(const DecodeSmem<Tr>& sm, const MlaDecodeParams& p,
                                           const PieceRun& e,
