@@ -45,9 +45,6 @@ struct MlaDecodeParams {
   float* lse_accum;
 
   int32_t* error_buffer;  // nullable, int32[4], see kernelflow.h
-#ifdef KF_TIMELINE  // research builds only: per-block timestamps (cuda/common/timeline.cuh)
-  unsigned long long* timeline;
-#endif
 };
 
 struct MlaMetadataParams {

@@ -25,7 +25,6 @@
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
-#include "cuda/common/timeline.cuh"
 
 namespace kf::cuda {
 namespace {
@@ -43,19 +42,6 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
                : "=f"(o.x), "=f"(o.y), "=f"(o.z), "=f"(o.w)
                : "l"(src));
   return o;
-}
-
-__device__ __forceinline__ void timeline_start(const MlaDecodeParams& p) {
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0)
-    atomicMin(&p.timeline[0], (unsigned long long)timeline_now());
-#endif
-}
-__device__ __forceinline__ void timeline_end(const MlaDecodeParams& p) {
-#ifdef KF_TIMELINE
-  if (p.timeline != nullptr && threadIdx.x == 0)
-    atomicMax(&p.timeline[1], (unsigned long long)timeline_now());
-#endif
 }
 
 // Request r's pieces [first, first + n), read with the header words (one round trip); false
@@ -107,7 +93,6 @@ __device__ __forceinline__ void store4(T* out, float4 v) {
 template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
-  timeline_start(p);
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
   int first = 0, n = 0;
@@ -161,14 +146,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   for (int j = 0; j < 4; ++j) store4<T>(out + 128 * j, acc[j]);
   if (lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
   pdl_launch_dependents();
-  timeline_end(p);
 }
 
 // Few requests, many pieces each: a block per (request, row, quarter of the row) (see the top).
 template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
-  timeline_start(p);
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int first = 0, n = 0;
@@ -242,21 +225,15 @@ __global__ void __launch_bounds__(kManyWarps * 32)
   store4<T>(out, acc);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
   pdl_launch_dependents();
-  timeline_end(p);
 }
 
 template <typename T>
 cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
-  // warps of a block split the pieces. Measured on the H200 (bf16, h_q = 16, s_k = 4096, 264
-  // workers, decode + combine): b = 1 16.1 -> 14.0 us, b = 8 27.4 -> 26.2 us; b = 16 (16
-  // workers per request) 36.2 -> 37.4 us. Otherwise a warp per row. The earlier block per row
-  // (a thread per float4, each of its 4 warps reducing the row's lse values again, registers
-  // for 8 pieces where there are typically 2-5, two waves at b = 128) took 6.2 us at b = 128
-  // (Nsight Compute, L2 as the decode left it); research harness, same call: bf16 h_q 16 b=128
-  // s_k 4096 153.6 -> 151.9 us, h_q 128 b=64 327.5 -> 321.8, FP8 b=128 113.1 -> 110.9; b=64
-  // within 0.2 us (research/perf/s7/combine_warp_rows.txt).
-  // A plain launch: as a programmatic dependent of the decode it was slower (pdl.cuh).
+  // warps of a block split the pieces, so a row's long piece list is not one warp's serial
+  // chain. Otherwise a warp per row: typically 2-5 pieces, the row's lse values reduced once,
+  // one wave of blocks. A plain launch: as a programmatic dependent of the decode the combine
+  // is slower (pdl.cuh).
   if (p.num_workers >= 32 * p.batch) {
     const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
     mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);

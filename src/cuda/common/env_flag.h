@@ -1,5 +1,5 @@
 // A switch read from the environment (host code): set and not starting with '0' means on.
-// Research and test knobs only (KF_DISABLE_PDL, KF_DECODE_64_ROW_TILES); callers read it once.
+// Test and A/B knobs only (KF_DISABLE_PDL, KF_DECODE_64_ROW_TILES); callers read it once.
 #pragma once
 
 #include <cstdlib>

@@ -7,9 +7,9 @@
 
 namespace kf::cuda {
 
-// All six words are loaded before any is compared: written with &&, each load waited for the
-// previous comparison (the SASS showed six dependent load-compare-exit steps, one L2 round trip
-// each, at the start of every decode and combine block).
+// All six words are loaded before any is compared (& rather than &&): with &&, each load would
+// wait for the comparison before it, six dependent load-compare-exit steps, one L2 round trip
+// each, at the start of every decode and combine block.
 __device__ __forceinline__ bool metadata_matches(const MlaDecodeParams& p) {
   const int32_t* m = p.metadata;
   const int32_t magic = m[kMetaMagicIdx], version = m[kMetaVersionIdx], batch = m[kMetaBatchIdx];

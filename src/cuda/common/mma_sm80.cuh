@@ -19,9 +19,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 //
 // The KV cache is streamed once per call, so its lines are marked evict-first in L2: what stays
 // there is what the call reads again (the split partials the combine reads back, q, block tables,
-// metadata). Measured on the H200 (research harness, bf16 h_q=16, s_k 4096): b=64 88.9 -> 83.1
-// us, b=8 23.5 -> 22.0; s_k >= 16K and 8-bit within 1-2%. (An L2::256B prefetch hint instead
-// was 4% slower for bf16 at 16K and 1-6% faster for 8-bit: not used.)
+// metadata).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   uint64_t policy;  // (no side effects: the compiler hoists it out of the loops)
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -30,9 +28,8 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 }
 // 16-bit split partials are read back once by the combine, after the rest of the call's KV
 // stream has gone through L2: their stores are marked evict-last, so the stream does not push
-// them out (the decode kernel's epilogue has the measurement).
-// (volatile: made where the stores are, not hoisted ahead of the tile loop, which would move the
-// loop's code and with it the FP8 loop's speed, research/perf/NOTES.md)
+// them out. (volatile: made where the stores are, not hoisted ahead of the tile loop, which
+// would move the loop's code, and the FP8 loop's speed depends on where its code lands.)
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));

@@ -3,12 +3,9 @@
 // kernel has completed and its writes are visible, so stream order is kept. The decode kernel is
 // launched this way and waits before its first global read, so what overlaps is its launch
 // (block dispatch, nothing that reads) with the previous kernel's tail; the decode and combine
-// kernels let their dependents launch only as their blocks finish.
-// Measured on the H200 (bf16, h_q 16, s_k 4096, many calls per graph, median of 60 replays),
-// the decode as a dependent of the previous call's combine: b = 1 10.6 -> 10.3 us, b = 2..128
-// within 0.1-0.4 us. Not used, because slower: the combine as a dependent of the decode (b = 1
-// +0.4 us, b = 16 +1.4 us), and a dependent allowed to launch from the primary's first
-// instruction (its waiting blocks slowed the primary: b = 1 +1.1 us).
+// kernels let their dependents launch only as their blocks finish (a dependent launched from
+// the primary's first instruction would park waiting blocks on the SMs the primary still
+// runs on). The combine is launched plainly: as a dependent of the decode it is slower.
 // A kernel launched without the attribute, or before sm_90, behaves as in plain stream order.
 #pragma once
 

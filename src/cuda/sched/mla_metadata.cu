@@ -5,9 +5,9 @@
 // scan of the requests' costs, each worker's cut by binary search over it, a scan of the piece
 // boundaries, then every output word independently. The CPU backend's walk (build_schedule)
 // writes the same bytes (cpp_tests/test_scheduler.cpp checks the closed form against the walk;
-// the GPU tests compare the GPU's bytes with the CPU's). One thread walking the workers took
-// 50-65 us at 264 workers on the H200 (about 190 ns per worker); this takes a few scans.
-// Larger batches fall back to that walk on global memory (correct, slower).
+// the GPU tests compare the GPU's bytes with the CPU's). One thread walking the workers costs
+// on the order of 200 ns per worker (tens of microseconds at 264 workers); this takes a few
+// scans. Larger batches fall back to that walk on global memory (correct, slower).
 #include "core/scheduler.h"
 #include "cuda/common/device_error.cuh"
 #include "cuda/launch.h"

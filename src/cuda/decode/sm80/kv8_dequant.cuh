@@ -98,8 +98,8 @@ __device__ __forceinline__ void e4m3x4_to_f16_2m8(uint32_t w, uint32_t& lo, uint
 }
 
 // The decode kernel's conversion of an 8-bit format: fp16 codes times kv8_code_unit<kFmt>().
-// e4m3 on sm_89+: the hardware cvt (measured on the H200: the bit trick's ~3.5x more integer
-// instructions made FP8 decode 30% slower); on sm_80/86, which have no e4m3 cvt, the bit trick.
+// e4m3 on sm_89+: the hardware cvt (the bit trick takes about 3.5x its integer instructions, in
+// a loop bound by them); on sm_80/86, which have no e4m3 cvt, the bit trick.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 #define KF_E4M3_HW_CVT 0
 #else

@@ -5,14 +5,11 @@
 // start at multiples of 16 and T divides 16; 16-bit caches with smaller pages run a separate
 // instantiation, kSmallPages, that looks up each token's page), so a warp needs one page lookup,
 // one range check and one 64-bit page address per tile, and every copy is that address plus a
-// lane offset plus an immediate. The previous split (each thread two tokens of its own, each with
-// its own lookup, 64-bit address, checks and error path) cost every warp ~130-220 instructions
-// per tile, 25-43% of the tile loop (SASS of the sm_90 build: a variant without loads ran 528
-// instead of 741 instructions per warp per 32-token fp8 tile, 287 instead of 506 for bf16, 569
-// instead of 699 for h_q = 128). Measured on the H200: one warp loading whole tiles for the block
-// (fewer instructions in all, more in that warp) was slower (h_q = 128 +9%): the tile loop runs
-// at the pace of its slowest warp, so the loads stay spread evenly. A per-lane page lookup for
-// every page size in one instantiation cost h_q = 128 4% and fp8 h_q = 128 b = 8 7%.
+// lane offset plus an immediate. Per-thread tokens would give every thread its own lookup,
+// 64-bit address, checks and error path, a large share of the tile loop's instructions. The
+// loads are spread evenly over the warps rather than given to one warp: the tile loop runs at
+// the pace of its slowest warp. Small pages get their own instantiation so the usual one keeps
+// one lookup per warp.
 //
 // Layout written (as the consumers read it): 16-bit tiles are kBlockN rows of 1152 bytes, 16-byte
 // chunk c of token j at (c & ~7) | ((c ^ j) & 7); 8-bit tiles keep the page's sections (kBlockN x

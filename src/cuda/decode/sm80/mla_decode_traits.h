@@ -29,7 +29,7 @@ struct MlaDecodeTraits {
   // Row group 1 runs its P V one tile late, so its mma phase overlaps group 0's softmax (and
   // the other way round). It still reads tile t - 1 during tile t, so one fewer tile is in
   // flight ahead: kAhead tiles ahead of the one consumed, the refill target is tile t - kStages
-  // + kAhead. Measured (H200, h_q=128, research/perf v2): -4% at b=64; with the lazy rescale -7%.
+  // + kAhead.
   static constexpr bool kDeferPv = kDeferPv_;
   static constexpr int kAhead = kDeferPv_ ? kStages_ - 2 : kStages_ - 1;
   static constexpr int kMFrags = kMFrags_;  // 16-row mma fragments per warp
@@ -94,8 +94,7 @@ struct MlaDecodeTraits {
 
 // The instantiated configurations, picked by the number of query rows (s_q * h_q).
 // <= 16 rows, memory-bound (h_q = 16): 32-token tiles, 2 stages, half the barriers and softmax
-// passes of 16-token tiles. Measured (H200, research/perf v1): -2% at b=64, -6% at b=1, -10%
-// with 1 block/SM (sm_86's case; sm_90 runs 2 blocks/SM).
+// passes of 16-token tiles (most useful with 1 block per SM, sm_86's case; sm_90 runs 2).
 using MlaTraitsM16 = MlaDecodeTraits<1, 1, 32, 2>;
 // 17..32 rows; also more rows (more row tiles) where two of these blocks fit an SM (sm_90).
 using MlaTraitsM32 = MlaDecodeTraits<2, 1, 16, 4>;
