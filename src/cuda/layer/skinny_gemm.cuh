@@ -56,10 +56,11 @@ struct GemmShape {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-// cp.async of 16 bytes kept in L2 (X: every block of the launch reads it), zero-filled when
-// src_bytes is 0.
-__device__ __forceinline__ void cp_async_16_shared_l2(uint32_t dst, const void* src,
-                                                      int src_bytes) {
+// cp.async of 16 bytes without an L2 cache-policy operand, zero-filled when src_bytes is 0; for
+// the weights and for X (which every block of the launch reads). The policy-hinted cp_async_16 of
+// mma_sm80.cuh is not used here: in this kernel ptxas 13.0 (sm_90) emitted its LDGSTS with a
+// descriptor register that nothing had set, and the H200 raised an illegal instruction on it.
+__device__ __forceinline__ void cp_async_16_cg(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
@@ -115,7 +116,7 @@ __device__ __forceinline__ void gemm_load_w(uint8_t* stage, const GemmOperands& 
       ok = n0 + chunk * 8 < op.n_cols;
       src = op.w + int64_t(k0 + row) * op.ldw + (ok ? n0 + chunk * 8 : 0);
     }
-    cp_async_16(smem_u32(stage + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
+    cp_async_16_cg(smem_u32(stage + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
   }
 }
 
@@ -127,7 +128,7 @@ __device__ __forceinline__ void gemm_load_x(uint8_t* stage, const GemmOperands& 
     const auto [row, chunk] = gemm_copy_chunk(c);
     const bool ok = row < m;
     const uint16_t* src = op.x + int64_t(ok ? row : 0) * op.ldx + k0 + chunk * 8;
-    cp_async_16_shared_l2(smem_u32(xs + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
+    cp_async_16_cg(smem_u32(xs + gemm_swizzle(row, chunk)), src, ok ? 16 : 0);
   }
 }
 
