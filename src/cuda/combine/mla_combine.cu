@@ -63,15 +63,24 @@ __device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r, boo
   return true;
 }
 
+// max that returns NaN when either argument is NaN (fmaxf drops a NaN operand), the CPU merge's
+// rule: a piece that met a NaN or Inf (lse_k NaN, docs/spec.md section 6) makes the merged lse,
+// every weight and so the merged row NaN. One max.NaN instruction (sm_80 and later).
+__device__ __forceinline__ float nan_max(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
 // lse = log sum_k exp(lse_k) over n pieces, in every lane of the warp: lane maxima and sums
 // over pieces lane, lane + 32, ..., then a butterfly (the same fixed order in every warp).
-// lse0 = lse_of(lane), already loaded.
+// lse0 = lse_of(lane), already loaded. The maximum keeps NaN (nan_max).
 template <class LseOf>
 __device__ __forceinline__ float warp_merged_lse(const LseOf& lse_of, int n, int lane, float lse0) {
   float mx = lse0;
-  for (int k = lane + 32; k < n; k += 32) mx = fmaxf(mx, lse_of(k));
+  for (int k = lane + 32; k < n; k += 32) mx = nan_max(mx, lse_of(k));
 #pragma unroll
-  for (int s = 16; s > 0; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+  for (int s = 16; s > 0; s >>= 1) mx = nan_max(mx, __shfl_xor_sync(0xffffffffu, mx, s));
   float sum = 0.f;
   if (mx != -INFINITY) {
     sum = expf(lse0 - mx);

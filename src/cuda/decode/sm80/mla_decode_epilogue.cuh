@@ -20,7 +20,8 @@ namespace kf::cuda {
 // Block row srow's statistics, after the piece's last tile: l = the sum of the row's
 // kSoftThreadsPerRow shares; the row's first thread stores 1 / l (times O's unit for 8-bit
 // caches) for the O stores and writes lse = (m + log2 l) ln 2 (m: the running max, in log2
-// units) to lse or lse_accum. A row that saw no position (l = 0) gets 1 / l = 0, lse = -inf.
+// units) to lse or lse_accum. A row that saw no position (l = 0) gets 1 / l = 0, lse = -inf;
+// a row whose sum is NaN (it saw a non-finite score) gets NaN in both.
 template <class Tr, int kFmt>
 __device__ __forceinline__ void finish_row_stats(const DecodeSmem<Tr>& sm,
                                                  const MlaDecodeParams& p, const PieceRun& e,
@@ -31,7 +32,7 @@ __device__ __forceinline__ void finish_row_stats(const DecodeSmem<Tr>& sm,
   for (int o = 1; o < kSoftTpr; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
   if (lane % kSoftTpr == 0) {
     const float m_run = sm.row_max[fresh_tid()];
-    const bool empty = !(l > 0.f);
+    const bool empty = l == 0.f;
     float unit = 1.f;  // 8-bit caches: O is in units of the last tile's largest scale
     if constexpr (Tr::kKv8) unit = sm.unit[fresh_tid()] * (1.f / kv8_code_unit<kFmt>());
     sm.inv_l[srow] = empty ? 0.f : unit / l;

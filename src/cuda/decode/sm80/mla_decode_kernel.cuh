@@ -32,7 +32,8 @@
 // boundaries: a worker's next piece streams in while the current one finishes.
 // Shared memory: kStages * kBlockN * 1152 B of KV + 4 * kBlockM * kBlockN * 4 B of partial scores
 // + P, q_pe and row stats; every configuration fits sm_86's 101376 bytes (static_assert in the
-// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 206 / 254 / 253, no spills.
+// traits): M16 86992 B, M32 89168 B, M64 85824 B. Registers (sm_86): 205 / 255 / 253 (the
+// small-page instantiations 203 / 254 / 253), no spills.
 // On sm_90 the kernel is launched as a programmatic dependent (pdl.cuh): it waits for the
 // previous kernel before its first read.
 //

@@ -277,6 +277,10 @@ __device__ __forceinline__ void gather_scores(const DecodeSmem<Tr>& sm,
 // position tile_tok), moves the running max (in log2 units: exp2 with scale * log2 e folded into
 // scale_log2), adds the tile's exponentials to the running sum, and stores P (PvType) and the
 // row's O rescale factor alpha.
+// Non-finite values (docs/spec.md section 6): a score s of a token the row sees becomes
+// s + (s - s), s itself when finite and NaN when s is NaN or +-Inf, so p, the row sum and O turn
+// NaN (the maximum, taken with fmaxf, skips it); masked tokens are -inf before that step, so
+// nothing outside the row's positions reaches it.
 // 16-bit: the running max follows every tile's max exactly, so the dominant token's P is
 // exactly 1 (a lazy max would put bf16 outputs at the accuracy limit of docs/spec.md section 4).
 // 8-bit: P' = p s_t / unit is an fp16 value that is never exactly 1 anyway, so the
@@ -303,7 +307,8 @@ __device__ __forceinline__ void softmax_tile(const DecodeSmem<Tr>& sm,
   for (int k = 0; k < kSoftTokens; ++k) {
     const bool valid =
         sm.tok_ok[read_slot * kBlockN + st0 + k] && tile_tok + st0 + k < vis_end;
-    sc[k] = valid ? sc[k] * scale_log2 : -INFINITY;
+    const float s = sc[k] * scale_log2;
+    sc[k] = valid ? s + (s - s) : -INFINITY;
     mx = fmaxf(mx, sc[k]);
   }
   float m_new;
