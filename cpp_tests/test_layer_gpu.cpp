@@ -741,7 +741,7 @@ void check_prologue_bf16(const PrologueProblem& p, const PrologueResult& r,
           ADD_FAILURE() << "q_lat h " << h << " n " << n << ": " << bf(got[n]) << " vs " << ref;
       }
       for (int i = 0; i < 64; ++i)
-        if (!close_bf16(bf(got[512 + i]), want.q_pe[h * 64 + i], 0) && ++bad <= 5)
+        if (!close_bf16(bf(got[512 + i]), want.q_pe[h * 64 + i], 0, 2.0) && ++bad <= 5)
           ADD_FAILURE() << "q_pe h " << h << " i " << i << ": " << bf(got[512 + i]) << " vs "
                         << want.q_pe[h * 64 + i];
     }
@@ -751,7 +751,7 @@ void check_prologue_bf16(const PrologueProblem& p, const PrologueResult& r,
     const uint16_t* row = reinterpret_cast<const uint16_t*>(&r.cache[size_t(slot) * 576 * 2]);
     for (int i = 0; i < 576; ++i) {
       written[size_t(slot) * 1152 + 2 * i] = written[size_t(slot) * 1152 + 2 * i + 1] = true;
-      if (!close_bf16(bf(row[i]), want.row[i], 0) && ++bad <= 5)
+      if (!close_bf16(bf(row[i]), want.row[i], 0, 2.0) && ++bad <= 5)
         ADD_FAILURE() << "cache row value " << i << ": " << bf(row[i]) << " vs " << want.row[i];
     }
     EXPECT_EQ(bad, 0);

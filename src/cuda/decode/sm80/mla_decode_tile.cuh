@@ -336,8 +336,11 @@ __device__ __forceinline__ void softmax_tile(const DecodeSmem<Tr>& sm,
     const float inv_unit = pow2_inverse(unit);
     o_alpha = alpha * (unit_prev * inv_unit);
     sm.unit[tid] = unit;
+    // A token the row does not see has p exactly 0 and keeps P' = 0 whatever its scale: the
+    // NaN scale of a non-finite latent (docs/spec.md section 6) reaches only the rows that see it.
 #pragma unroll
-    for (int k = 0; k < kSoftTokens; ++k) sc[k] *= tile_scale[st0 + k] * inv_unit;
+    for (int k = 0; k < kSoftTokens; ++k)
+      sc[k] = sc[k] == 0.f ? 0.f : sc[k] * (tile_scale[st0 + k] * inv_unit);
   }
   if (lane % kSoftTpr == 0) sm.alpha[srow] = o_alpha;
   uint8_t* pdst = sm.base + Tr::kPOff + srow * kBlockN * 2 +
