@@ -427,6 +427,8 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
       {100, 128, WeightLayout::kKN, {512}, 16},
       {1, 64, WeightLayout::kKN, {72}, 1},             // one stage, a partial tile of [k][n]
       {2, 1536, WeightLayout::kNK, {3072}, 1},         // q_b of a q_lora model
+      {32, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 17..32 rows: 48 KB of stages
+      {24, 128, WeightLayout::kKN, {512}, 16},
   };
   for (const GemmCase& c : cases) run_gemm_case(c, rng);
 }

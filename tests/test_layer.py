@@ -708,7 +708,7 @@ def test_gpu_layer_matches_cpu(rng, shape, fmt):
 
 @pytest.mark.gpu
 @pytest.mark.needs_torch
-@pytest.mark.parametrize("batch", [1, 8, 33, 128])
+@pytest.mark.parametrize("batch", [1, 8, 32, 33, 128])
 def test_gpu_layer_batch_sizes(rng, batch):
     """The skinny GEMMs at every batch size class, V2-Lite, one layer."""
     history = rng.integers(1, 600, size=batch)
