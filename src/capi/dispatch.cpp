@@ -8,6 +8,7 @@
 #if KF_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/common/switches.h"
 #include "cuda/launch.h"
 #include "cuda/layer/layer_graph.h"
 #endif
@@ -86,7 +87,7 @@ class DeviceGuard {
 // The device's kernel family runs (src/cuda/family.h): checked with the device current, before
 // the first launch of every CUDA call; the answer is kept per device.
 kf_status check_family(const Device& dev, const char* what) {
-  const std::string& request = kf::cuda::kernel_family_env();
+  const std::string& request = kf::cuda::switch_kernel_family();
   if (!kf::cuda::parse_family_request(request))
     return fail(KF_ERROR_INVALID_ARGUMENT,
                 "KF_KERNEL_FAMILY=%s in the environment: expected sm80 (the portable kernels on "

@@ -2,6 +2,7 @@
 // family each device runs, confirmed by the runtime before any launch.
 #include <atomic>
 
+#include "cuda/common/switches.h"
 #include "cuda/launch.h"
 
 #ifndef KF_CUDA_ARCHS_STRING
@@ -20,7 +21,7 @@ constexpr int kMaxDevices = 64;
 std::atomic<signed char> g_known[kMaxDevices] = {};  // 0: not asked yet; else 1 + the family
 
 cudaError_t find_family(int device, KernelFamily* family) {
-  const std::optional<FamilyRequest> request = parse_family_request(kernel_family_env());
+  const std::optional<FamilyRequest> request = parse_family_request(switch_kernel_family());
   if (!request) return cudaErrorInvalidValue;
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);

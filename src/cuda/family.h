@@ -77,14 +77,6 @@ inline std::optional<FamilyRequest> parse_family_request(const std::string& valu
   return std::nullopt;
 }
 
-// KF_KERNEL_FAMILY's value ("" when unset), read once per process: the one place it is read.
-inline const std::string& kernel_family_env() {
-  static const std::string value = [] {
-    const char* v = std::getenv("KF_KERNEL_FAMILY");
-    return std::string(v == nullptr ? "" : v);
-  }();
-  return value;
-}
 
 // The family a device of compute capability major.minor runs: sm90a on 9.0 when the build has
 // it and nothing else is asked; else the portable family where its code runs; none (nullopt)

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "cuda/common/device_flag.h"
-#include "cuda/common/env_flag.h"
+#include "cuda/common/switches.h"
 
 namespace kf::cuda {
 
@@ -34,8 +34,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Programmatic dependent launch exists from sm_90 on. KF_DISABLE_PDL=1 in the environment turns
 // it off (plain stream order; for A/B timings and for tools that do not follow it).
 inline bool device_has_pdl() {
-  static const bool disabled = env_flag("KF_DISABLE_PDL");
-  if (disabled) return false;
+  if (switch_disable_pdl()) return false;
   const int dev = current_device();
   static DeviceFlag has_pdl;  // one attribute query per device, not one per launch
   return has_pdl.get(dev, [dev] {

@@ -1,7 +1,7 @@
 // The portable decode family (sm_80 and newer, mma.sync): the configuration a call runs
 // (decode_config.h), how many of its blocks fit an SM, and its launch.
 #include "cuda/common/device_flag.h"
-#include "cuda/common/env_flag.h"
+#include "cuda/common/switches.h"
 #include "cuda/decode/decode_config.h"
 #include "cuda/decode/decode_family.h"
 #include "cuda/decode/sm80/mla_decode_sm80.h"
@@ -14,9 +14,8 @@ namespace {
 // (the GPU tests run the GeForce Ampere design on the H200 with it).
 DecodeConfig device_decode_config(int device, int num_rows, KvFormat kv_format) {
   return decode_config(num_rows, kv_format, [device] {
-    static const bool forced_64 = env_flag("KF_DECODE_64_ROW_TILES");
     static DeviceFlag two_fit;  // once per device, not per launch
-    return !forced_64 && two_fit.get(device, [device] {
+    return !switch_decode_64_row_tiles() && two_fit.get(device, [device] {
       return mla_decode_sm80_blocks_per_sm<MlaTraitsM32, __nv_bfloat16>(device) >= 2;
     });
   });

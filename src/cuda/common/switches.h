@@ -1,0 +1,40 @@
+// The run-time switches of the CUDA backend: the one place the library reads its environment,
+// each variable once per process. For tests, A/B timings and tools; docs/design.md ("Run-time
+// switches") lists them. A flag is on when set to anything not starting with '0'.
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+namespace kf::cuda {
+
+namespace detail {
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+}  // namespace detail
+
+// KF_DISABLE_PDL: launch without programmatic dependent launch (plain stream order).
+inline bool switch_disable_pdl() {
+  static const bool on = detail::env_flag("KF_DISABLE_PDL");
+  return on;
+}
+
+// KF_DECODE_64_ROW_TILES: the 64-row tiles of the GeForce Ampere design on every device.
+inline bool switch_decode_64_row_tiles() {
+  static const bool on = detail::env_flag("KF_DECODE_64_ROW_TILES");
+  return on;
+}
+
+// KF_KERNEL_FAMILY's value ("" when unset): "sm80" runs the portable family everywhere, "" or
+// "auto" picks per device (cuda/family.h parses it).
+inline const std::string& switch_kernel_family() {
+  static const std::string value = [] {
+    const char* v = std::getenv("KF_KERNEL_FAMILY");
+    return std::string(v == nullptr ? "" : v);
+  }();
+  return value;
+}
+
+}  // namespace kf::cuda
