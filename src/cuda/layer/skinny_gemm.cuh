@@ -172,6 +172,40 @@ __device__ __forceinline__ bool gemm_last_arrival(int32_t* counter, int splits) 
   return last != 0;
 }
 
+// The last block of a tile: Y = the sum of the tile's split partials, added in split order (the
+// same bits on every replay). A thread takes kReduceRun elements a pass and keeps the loads of
+// several splits for all of them in flight (the loads are hoisted above the Y stores, which could
+// alias them), so a pass costs about one L2 round trip, not one per element and split.
+constexpr int kReduceRun = 16;
+__device__ __forceinline__ void gemm_reduce_tile(const GemmLaunch& g, const GemmOperands& op,
+                                                 const float* tile_base, int64_t tile_floats,
+                                                 int n0) {
+  const int total = g.m * kLayerGemmTileN;
+  for (int e0 = threadIdx.x; e0 < total; e0 += kGemmThreads * kReduceRun) {
+    float sum[kReduceRun];
+#pragma unroll
+    for (int u = 0; u < kReduceRun; ++u) sum[u] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < g.splits; ++s) {
+      const float* part = tile_base + s * tile_floats;
+      float v[kReduceRun];
+#pragma unroll
+      for (int u = 0; u < kReduceRun; ++u) {
+        const int e = e0 + u * kGemmThreads;
+        v[u] = e < total ? __ldcg(part + e) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceRun; ++u) sum[u] += v[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kReduceRun; ++u) {
+      const int e = e0 + u * kGemmThreads;
+      const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
+      if (e < total && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum[u]);
+    }
+  }
+}
+
 template <int MT>
 __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOperands& op,
                                               int tile, int split, int n0,
@@ -199,13 +233,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
     }
   if (!gemm_last_arrival(g.counters + tile, g.splits)) return;
   __threadfence();
-  for (int e = threadIdx.x; e < m * kLayerGemmTileN; e += kGemmThreads) {
-    const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
-    if (col >= op.n_cols) continue;
-    float sum = 0.f;
-    for (int s = 0; s < g.splits; ++s) sum += __ldcg(tile_base + s * tile_floats + e);
-    op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum);
-  }
+  gemm_reduce_tile(g, op, tile_base, tile_floats, n0);
   if (threadIdx.x == 0) g.counters[tile] = 0;
 }
 
