@@ -173,37 +173,46 @@ __device__ __forceinline__ bool gemm_last_arrival(int32_t* counter, int splits) 
 }
 
 // The last block of a tile: Y = the sum of the tile's split partials, added in split order (the
-// same bits on every replay). A thread takes kRun elements a pass; with kRun > 1 the loads of
-// several splits for all of them are in flight together (hoisted above the Y stores, which could
-// alias them), so a pass of a many-row tile costs about one L2 round trip, not one per element
-// and split. Tiles of up to 16 rows (64 x 16 elements) keep one element a pass.
+// same bits on every replay). Tiles of up to 16 rows: a thread takes one element at a time. Larger
+// tiles: a thread takes kRun elements a pass with the loads of several splits for all of them in
+// flight together (hoisted above the Y stores, which could alias them), so a pass costs about one
+// L2 round trip instead of one per element.
 template <int kRun>
 __device__ __forceinline__ void gemm_reduce_tile(const GemmLaunch& g, const GemmOperands& op,
                                                  const float* tile_base, int64_t tile_floats,
                                                  int n0) {
-  constexpr int kSplitUnroll = kRun > 1 ? 4 : 1;
   const int total = g.m * kLayerGemmTileN;
-  for (int e0 = threadIdx.x; e0 < total; e0 += kGemmThreads * kRun) {
-    float sum[kRun];
+  if constexpr (kRun == 1) {
+    for (int e = threadIdx.x; e < total; e += kGemmThreads) {
+      const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
+      if (col >= op.n_cols) continue;
+      float sum = 0.f;
+      for (int s = 0; s < g.splits; ++s) sum += __ldcg(tile_base + s * tile_floats + e);
+      op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum);
+    }
+  } else {
+    for (int e0 = threadIdx.x; e0 < total; e0 += kGemmThreads * kRun) {
+      float sum[kRun];
 #pragma unroll
-    for (int u = 0; u < kRun; ++u) sum[u] = 0.f;
-#pragma unroll kSplitUnroll
-    for (int s = 0; s < g.splits; ++s) {
-      const float* part = tile_base + s * tile_floats;
-      float v[kRun];
+      for (int u = 0; u < kRun; ++u) sum[u] = 0.f;
+#pragma unroll 4
+      for (int s = 0; s < g.splits; ++s) {
+        const float* part = tile_base + s * tile_floats;
+        float v[kRun];
+#pragma unroll
+        for (int u = 0; u < kRun; ++u) {
+          const int e = e0 + u * kGemmThreads;
+          v[u] = e < total ? __ldcg(part + e) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kRun; ++u) sum[u] += v[u];
+      }
 #pragma unroll
       for (int u = 0; u < kRun; ++u) {
         const int e = e0 + u * kGemmThreads;
-        v[u] = e < total ? __ldcg(part + e) : 0.f;
+        const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
+        if (e < total && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum[u]);
       }
-#pragma unroll
-      for (int u = 0; u < kRun; ++u) sum[u] += v[u];
-    }
-#pragma unroll
-    for (int u = 0; u < kRun; ++u) {
-      const int e = e0 + u * kGemmThreads;
-      const int row = e / kLayerGemmTileN, col = n0 + e % kLayerGemmTileN;
-      if (e < total && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(sum[u]);
     }
   }
 }
