@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/mla_shape.h"
+#include "core/params.h"
 
 namespace kf {
 
@@ -72,5 +73,57 @@ struct LayerGraphParams {
   void* workspace;   // layer_workspace_bytes(dims, batch, num_workers) bytes, 256-byte aligned
   size_t workspace_bytes;
 };
+
+// Where a layer's attention step reads and writes (the CPU layer's own arrays, or the graph's
+// workspace and static buffers).
+struct LayerAttentionBuffers {
+  const void* q_attn;  // bf16 [batch, heads, 576]: [q_lat | q_pe]
+  void* o_lat;         // bf16 [batch, heads, 512]
+  float* lse;          // [batch, heads]
+  float* o_accum;      // the decode's split partials
+  float* lse_accum;
+  const int32_t* cache_seqlens;  // [batch]
+  const int32_t* metadata;       // the step's schedule
+};
+
+// The decode's parameters for a layer's attention step (s_q 1, bf16 q and out): one definition
+// for the CPU layer and the CUDA graph, so both attend over the same view of the cache.
+inline MlaDecodeParams layer_attention_params(const LayerGraphParams& p, const LayerWeights& w,
+                                              const LayerAttentionBuffers& b) {
+  const LayerDims& d = p.dims;
+  MlaDecodeParams a{};
+  a.dtype = DType::kBF16;
+  a.kv_format = d.kv_format;
+  a.batch = p.batch;
+  a.s_q = 1;
+  a.h_q = d.heads;
+  a.num_rows = d.heads;
+  a.page_size = d.page_size;
+  a.page_shift = d.page_shift;
+  a.num_pages = w.num_pages;
+  a.max_pages_per_seq = d.max_pages_per_seq;
+  a.softmax_scale = d.softmax_scale;
+  a.q = b.q_attn;
+  a.q_batch_stride = int64_t(d.heads) * kHeadDim;
+  a.q_seq_stride = a.q_batch_stride;
+  a.q_head_stride = kHeadDim;
+  a.kv = w.kv_cache;
+  a.kv_page_stride = w.kv_page_stride;
+  a.kv_token_stride = w.kv_token_stride;
+  a.block_table = p.io.block_table;
+  a.block_table_batch_stride = p.io.block_table_stride;
+  a.cache_seqlens = b.cache_seqlens;
+  a.metadata = b.metadata;
+  a.num_workers = p.num_workers;
+  a.out = b.o_lat;
+  a.o_batch_stride = int64_t(d.heads) * kLatentDim;
+  a.o_seq_stride = a.o_batch_stride;
+  a.o_head_stride = kLatentDim;
+  a.lse = b.lse;
+  a.o_accum = b.o_accum;
+  a.lse_accum = b.lse_accum;
+  a.error_buffer = p.io.error_buffer;
+  return a;
+}
 
 }  // namespace kf

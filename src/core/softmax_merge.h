@@ -10,7 +10,15 @@ namespace kf {
 
 // max that returns NaN when either argument is NaN (fmaxf drops a NaN operand): a non-finite
 // piece must make the merged row NaN, not vanish from it.
-KF_HD inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : fmaxf(a, b); }
+KF_HD inline float nan_max(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float m;  // one instruction on the GPU (sm_80 and later)
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+#else
+  return (a != a || b != b) ? NAN : fmaxf(a, b);
+#endif
+}
 
 // Pieces carry (o_k, lse_k) with o_k already normalized by its own sum. The merged row is
 // sum_k w_k o_k with w_k = exp(lse_k - lse), lse = log sum_k exp(lse_k). An empty piece has

@@ -247,39 +247,9 @@ void absorbed_query(const LayerGraphParams& p, const LayerWeights& w, Scratch& s
 
 // Step 6: mla_decode over the layer's cache with the step's lengths and schedule.
 void attention(const LayerGraphParams& p, const LayerWeights& w, const Step& st, Scratch& s) {
-  const LayerDims& d = p.dims;
-  MlaDecodeParams dp{};
-  dp.dtype = DType::kBF16;
-  dp.kv_format = d.kv_format;
-  dp.batch = p.batch;
-  dp.s_q = 1;
-  dp.h_q = d.heads;
-  dp.num_rows = d.heads;
-  dp.page_size = d.page_size;
-  dp.page_shift = d.page_shift;
-  dp.num_pages = w.num_pages;
-  dp.max_pages_per_seq = d.max_pages_per_seq;
-  dp.softmax_scale = d.softmax_scale;
-  dp.q = s.q_attn.data();
-  dp.q_batch_stride = int64_t(d.heads) * kHeadDim;
-  dp.q_seq_stride = int64_t(d.heads) * kHeadDim;
-  dp.q_head_stride = kHeadDim;
-  dp.kv = w.kv_cache;
-  dp.kv_page_stride = w.kv_page_stride;
-  dp.kv_token_stride = w.kv_token_stride;
-  dp.block_table = p.io.block_table;
-  dp.block_table_batch_stride = p.io.block_table_stride;
-  dp.cache_seqlens = st.seqlen.data();
-  dp.metadata = st.metadata.data();
-  dp.num_workers = p.num_workers;
-  dp.out = s.o_lat.data();
-  dp.o_batch_stride = int64_t(d.heads) * kLatentDim;
-  dp.o_seq_stride = int64_t(d.heads) * kLatentDim;
-  dp.o_head_stride = kLatentDim;
-  dp.lse = s.lse.data();
-  dp.o_accum = s.o_accum.data();
-  dp.lse_accum = s.lse_accum.data();
-  dp.error_buffer = p.io.error_buffer;
+  const MlaDecodeParams dp = layer_attention_params(
+      p, w, {s.q_attn.data(), s.o_lat.data(), s.lse.data(), s.o_accum.data(), s.lse_accum.data(),
+             st.seqlen.data(), st.metadata.data()});
   mla_decode(dp);
 }
 

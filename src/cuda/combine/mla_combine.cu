@@ -63,14 +63,6 @@ __device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r, boo
   return true;
 }
 
-// max that returns NaN when either argument is NaN (fmaxf drops a NaN operand), the CPU merge's
-// rule: a piece that met a NaN or Inf (lse_k NaN, docs/spec.md section 6) makes the merged lse,
-// every weight and so the merged row NaN. One max.NaN instruction (sm_80 and later).
-__device__ __forceinline__ float nan_max(float a, float b) {
-  float m;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(m) : "f"(a), "f"(b));
-  return m;
-}
 
 // lse = log sum_k exp(lse_k) over n pieces, in every lane of the warp: lane maxima and sums
 // over pieces lane, lane + 32, ..., then a butterfly (the same fixed order in every warp).

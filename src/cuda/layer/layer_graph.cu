@@ -177,39 +177,9 @@ cudaError_t record_q_absorb_prologue(const LayerGraphParams& p, const LayerWeigh
 // Step 3: the attention over the layer's cache, q_attn -> o_lat.
 cudaError_t record_attention(const LayerGraphParams& p, const LayerWeights& w,
                              const LayerBuffers& buf, cudaStream_t s) {
-  const LayerDims& d = p.dims;
-  MlaDecodeParams a{};
-  a.dtype = DType::kBF16;
-  a.kv_format = d.kv_format;
-  a.batch = p.batch;
-  a.s_q = 1;
-  a.h_q = d.heads;
-  a.num_rows = d.heads;
-  a.page_size = d.page_size;
-  a.page_shift = d.page_shift;
-  a.num_pages = w.num_pages;
-  a.max_pages_per_seq = d.max_pages_per_seq;
-  a.softmax_scale = d.softmax_scale;
-  a.q = buf.q_attn;
-  a.q_batch_stride = int64_t(d.heads) * kHeadDim;
-  a.q_seq_stride = a.q_batch_stride;
-  a.q_head_stride = kHeadDim;
-  a.kv = w.kv_cache;
-  a.kv_page_stride = w.kv_page_stride;
-  a.kv_token_stride = w.kv_token_stride;
-  a.block_table = p.io.block_table;
-  a.block_table_batch_stride = p.io.block_table_stride;
-  a.cache_seqlens = p.io.cache_seqlens;
-  a.metadata = buf.metadata;
-  a.num_workers = p.num_workers;
-  a.out = buf.o_lat;
-  a.o_batch_stride = int64_t(d.heads) * kLatentDim;
-  a.o_seq_stride = a.o_batch_stride;
-  a.o_head_stride = kLatentDim;
-  a.lse = buf.lse;
-  a.o_accum = buf.o_accum;
-  a.lse_accum = buf.lse_accum;
-  a.error_buffer = p.io.error_buffer;
+  const MlaDecodeParams a = layer_attention_params(
+      p, w, {buf.q_attn, buf.o_lat, buf.lse, buf.o_accum, buf.lse_accum, p.io.cache_seqlens,
+             buf.metadata});
   return launch_mla_decode(a, s);
 }
 
