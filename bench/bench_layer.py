@@ -116,7 +116,7 @@ def parse_args():
     cpu = args.device == "cpu"
     defaults = {"batch": [1, 3] if cpu else ([1, 64] if args.quick else [1, 8, 32, 64]),
                 "layers": 2 if cpu else 27, "s_k": 200 if cpu else 4096,
-                "formats": list(BYTES_PER_TOKEN), "v3_layers": 2 if cpu else 4,
+                "formats": list(BYTES_PER_TOKEN), "v3_layers": 1 if cpu else 4,
                 "replays": 3 if cpu else (10 if args.quick else 30),
                 "eager_replays": 3 if cpu else (5 if args.quick else 10)}
     for name, value in defaults.items():
@@ -135,7 +135,7 @@ def shapes_for(args):
     if args.device == "cpu":
         return (tl.LayerShape(hidden_size=256, num_heads=4, q_lora_rank=0,
                               softmax_scale=tl.SCALE_V2_LITE),
-                tl.LayerShape(hidden_size=320, num_heads=8, q_lora_rank=96,
+                tl.LayerShape(hidden_size=320, num_heads=8, q_lora_rank=128,
                               softmax_scale=tl.SCALE_V3))
     return tl.LayerShape.deepseek_v2_lite(), tl.LayerShape.deepseek_v3()
 
@@ -452,15 +452,21 @@ def bench_v2_lite(args, shape, weights, peaks, device, gen, out) -> int:
                     row["fused"][fmt] = res
             del step
         except Exception as e:  # noqa: BLE001
-            row["error"] = short_err(e)
-            fails += 1
-            log(f"  FAILED {short_err(e)}")
-            if os.environ.get("KF_BENCH_TRACE"):
-                traceback.print_exc()
+            fails += row_failed(row, e)
         out["rows"].append(row)
         free(device)
         save(args, out)
     return fails
+
+
+def row_failed(row: dict, e: Exception) -> int:
+    """Record a row's failure (printed, in the row's "error"; the traceback too with
+    KF_BENCH_TRACE=1); returns 1, the count of failures it adds."""
+    row["error"] = short_err(e)
+    log(f"  FAILED {short_err(e)}")
+    if os.environ.get("KF_BENCH_TRACE"):
+        traceback.print_exc()
+    return 1
 
 
 def bench_gemm(args, shape, peaks, device, gen, l2_bytes, out):
@@ -525,11 +531,7 @@ def bench_v3(args, shape, peaks, device, gen, out) -> int:
                 row["fused"] = res
             del step
         except Exception as e:  # noqa: BLE001
-            row["error"] = short_err(e)
-            fails += 1
-            log(f"  FAILED {short_err(e)}")
-            if os.environ.get("KF_BENCH_TRACE"):
-                traceback.print_exc()
+            fails += row_failed(row, e)
         out["v3_rows"].append(row)
         free(device)
         save(args, out)
