@@ -1,0 +1,216 @@
+"""The library's operations as PyTorch custom ops (namespace ``kernelflow``), traceable by
+torch.compile without graph breaks and capturable in CUDA graphs.
+
+    import kernelflow.torch_ops as kft
+    metadata = kft.get_mla_metadata(cache_seqlens, num_heads_q=16, s_q=1)
+    kft.cache_append(kv, kv_cache, slot_mapping)
+    out, lse = kft.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
+                              softmax_scale=0.114721)
+
+The same ops are reachable as torch.ops.kernelflow.<name>. Each one is a torch.library custom op
+with a schema that names what it mutates (cache_append writes kv_cache; mla_decode_out writes
+out and lse; a workspace passed to a decode is scratch it writes) and a fake implementation that
+gives the exact output shapes and dtypes without touching data, so torch.compile traces through
+them. The implementations call the framework-agnostic API of kernelflow.mla on the current torch
+stream, which is the capture stream inside a CUDA graph.
+
+Importing this module imports torch; `import kernelflow` does not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _C
+from . import mla as _mla
+
+__all__ = [
+    "cache_append",
+    "convert_cache",
+    "get_mla_metadata",
+    "mla_decode",
+    "mla_decode_out",
+]
+
+_EIGHT_BIT = ("fp8_e4m3", "int8")
+
+
+def _num_workers(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
+                 num_workers: Optional[int], kv_format: str) -> int:
+    """num_workers, or the library's default for cache_seqlens' device when None. The real and
+    the fake implementation both resolve it here, so the traced metadata length is the one the
+    library writes."""
+    if num_workers is not None:
+        return num_workers
+    return _mla.default_num_workers(cache_seqlens.device, num_heads_q, s_q, kv_format)
+
+
+def _metadata_len(batch, num_workers: int):
+    """metadata_size(batch, num_workers) for a batch that may be symbolic: the size is the
+    header, num_workers worker records and batch + 1 offsets, linear in batch with slope 1."""
+    return _mla.metadata_size(1, num_workers) + (batch - 1)
+
+
+def _check_q(q: Tensor) -> None:
+    if q.dim() != 4 or q.shape[3] != _C.HEAD_DIM:
+        raise ValueError(f"q: expected shape [b, s_q, h_q, {_C.HEAD_DIM}], got {tuple(q.shape)}")
+
+
+# --- metadata -----------------------------------------------------------------------------------
+
+@torch.library.custom_op("kernelflow::get_mla_metadata", mutates_args=())
+def _get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
+                      num_workers: Optional[int], kv_format: str) -> Tensor:
+    workers = _num_workers(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
+    return _mla.get_mla_metadata(cache_seqlens, num_heads_q, s_q, num_workers=workers,
+                                 kv_format=kv_format)
+
+
+@_get_mla_metadata.register_fake
+def _(cache_seqlens, num_heads_q, s_q, num_workers, kv_format):
+    if cache_seqlens.dim() != 1:
+        raise ValueError(
+            f"cache_seqlens: expected shape [batch], got {tuple(cache_seqlens.shape)}"
+        )
+    workers = _num_workers(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
+    size = _metadata_len(cache_seqlens.shape[0], workers)
+    return cache_seqlens.new_empty((size,), dtype=torch.int32)
+
+
+def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
+                     num_workers: Optional[int] = None, kv_format: str = "bf16") -> Tensor:
+    """kernelflow.get_mla_metadata as a custom op: int32 [metadata_size(b, num_workers)] on
+    cache_seqlens' device; num_workers defaults to the library's default for that device."""
+    return torch.ops.kernelflow.get_mla_metadata(cache_seqlens, num_heads_q, s_q, num_workers,
+                                                 kv_format)
+
+
+# --- decode -------------------------------------------------------------------------------------
+
+# The C API's workspace alignment (kf_mla_workspace_size's rule).
+_WORKSPACE_ALIGN = 256
+
+
+def _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
+                 workspace, out, lse) -> None:
+    """The decode into out and lse. The workspace is scratch: where a compiled graph hands in a
+    copy of the caller's (functionalization clones mutated inputs) that lost the C API's
+    256-byte alignment, the decode allocates an aligned one instead."""
+    if workspace is not None and workspace.data_ptr() % _WORKSPACE_ALIGN:
+        workspace = None
+    _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                    kv_format=kv_format, out=out, lse=lse, workspace=workspace)
+
+
+def _decode_shapes(q: Tensor):
+    _check_q(q)
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    return (b, s_q, h_q, _C.LATENT_DIM), (b, h_q, s_q)
+
+
+@torch.library.custom_op("kernelflow::mla_decode", mutates_args=("workspace",))
+def _mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+                metadata: Tensor, softmax_scale: float, kv_format: Optional[str],
+                workspace: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    out_shape, lse_shape = _decode_shapes(q)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
+                 workspace, out, lse)
+    return out, lse
+
+
+@_mla_decode.register_fake
+def _(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format, workspace):
+    out_shape, lse_shape = _decode_shapes(q)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("kernelflow::mla_decode_out", mutates_args=("out", "lse", "workspace"))
+def _mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+                    metadata: Tensor, softmax_scale: float, kv_format: Optional[str],
+                    workspace: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
+    _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
+                 workspace, out, lse)
+
+
+@_mla_decode_out.register_fake
+def _(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format, workspace,
+      out, lse):
+    out_shape, lse_shape = _decode_shapes(q)
+    for arr, name, shape, dtype in ((out, "out", out_shape, q.dtype),
+                                    (lse, "lse", lse_shape, torch.float32)):
+        if tuple(arr.shape) != shape or arr.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {arr.dtype} "
+                             f"{list(arr.shape)}")
+
+
+def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+               metadata: Tensor, softmax_scale: float, kv_format: Optional[str] = None,
+               workspace: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """kernelflow.mla_decode as a custom op: returns new (out [b, s_q, h_q, 512] in q's dtype,
+    lse float32 [b, h_q, s_q]). workspace (uint8, kernelflow.new_workspace) is allocated by the
+    op when not given."""
+    return torch.ops.kernelflow.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
+                                           float(softmax_scale), kv_format, workspace)
+
+
+def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+                   metadata: Tensor, softmax_scale: float, out: Tensor, lse: Tensor,
+                   kv_format: Optional[str] = None,
+                   workspace: Optional[Tensor] = None) -> None:
+    """kernelflow.mla_decode writing into the given out and lse."""
+    torch.ops.kernelflow.mla_decode_out(q, kv_cache, block_table, cache_seqlens, metadata,
+                                        float(softmax_scale), kv_format, workspace, out, lse)
+
+
+# --- cache --------------------------------------------------------------------------------------
+
+@torch.library.custom_op("kernelflow::cache_append", mutates_args=("kv_cache",))
+def _cache_append(kv: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                  kv_format: Optional[str]) -> None:
+    _mla.cache_append(kv, kv_cache, slot_mapping, kv_format=kv_format)
+
+
+@_cache_append.register_fake
+def _(kv, kv_cache, slot_mapping, kv_format):
+    if kv.dim() != 2 or kv.shape[1] != _C.HEAD_DIM:
+        raise ValueError(f"kv: expected shape [n, {_C.HEAD_DIM}], got {tuple(kv.shape)}")
+
+
+def cache_append(kv: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                 kv_format: Optional[str] = None) -> None:
+    """kernelflow.cache_append as a custom op: writes rows kv[n, 576] into kv_cache in place at
+    slot_mapping (int64; negative skips)."""
+    torch.ops.kernelflow.cache_append(kv, kv_cache, slot_mapping, kv_format)
+
+
+def _converted_shape(src: Tensor, kv_format: str):
+    if kv_format not in _EIGHT_BIT:
+        raise ValueError(f"kv_format: expected 'fp8_e4m3' or 'int8', got {kv_format!r}")
+    if src.dim() not in (3, 4):
+        raise ValueError(
+            f"src: expected shape [num_pages, page_size, 576] (or [.., 1, 576]), got "
+            f"{tuple(src.shape)}"
+        )
+    return (src.shape[0], src.shape[1], _C.BYTES_PER_TOKEN_8BIT)
+
+
+@torch.library.custom_op("kernelflow::convert_cache", mutates_args=())
+def _convert_cache(src: Tensor, kv_format: str) -> Tensor:
+    dst = src.new_empty(_converted_shape(src, kv_format), dtype=torch.uint8)
+    _mla.convert_cache(src, dst, kv_format=kv_format)
+    return dst
+
+
+@_convert_cache.register_fake
+def _(src, kv_format):
+    return src.new_empty(_converted_shape(src, kv_format), dtype=torch.uint8)
+
+
+def convert_cache(src: Tensor, kv_format: str = "fp8_e4m3") -> Tensor:
+    """kernelflow.convert_cache as a custom op: a new uint8 [num_pages, page_size, 644] cache."""
+    return torch.ops.kernelflow.convert_cache(src, kv_format)
