@@ -172,9 +172,9 @@ def test_metadata_refuses_several_kv_heads(num_heads_k):
         get_mla_metadata(torch.zeros(2, dtype=torch.int32), 16, num_heads_k)
 
 
-@pytest.mark.parametrize("rows", [0, 129, 256])
+@pytest.mark.parametrize("rows", [0, 2049])
 def test_metadata_refuses_rows_out_of_range(rows):
-    with pytest.raises(ValueError, match=r"^num_heads_per_head_k: .*1\.\.128"):
+    with pytest.raises(ValueError, match=r"^num_heads_per_head_k: .*1\.\.2048"):
         get_mla_metadata(torch.zeros(2, dtype=torch.int32), rows, 1)
 
 
@@ -205,9 +205,28 @@ def test_q_head_dim(good):
         call(good, q=good["q"][..., :512])
 
 
-def test_q_rows_over_the_limit(good):
-    q = torch.zeros(2, 2, 128, D, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"^q: s_q \* h_q // h_kv must be in 1\.\.128"):
+def test_causal_beyond_128_rows():
+    """FlashMLA's test runs h_q 128 with s_q 2 (256 rows per request), causal: decoded with the
+    library's schedule for (h_q, s_q)."""
+    q, k_cache, block_table, cache_seqlens = flash_mla_inputs([40, 7, 0], 2, 128)
+    tile, splits = get_mla_metadata(cache_seqlens, 2 * 128, 1)
+    out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, DV, tile, splits,
+                                      causal=True)
+    check_against_reference(out, lse, *expected(q, k_cache, block_table, cache_seqlens, True))
+
+
+def test_full_attention_rows_over_the_limit():
+    """causal=False decodes the s_q * h_q rows as heads of one token: at most 128."""
+    q, k_cache, block_table, cache_seqlens = flash_mla_inputs([40, 7], 2, 128)
+    tile, splits = get_mla_metadata(cache_seqlens, 2 * 128, 1)
+    with pytest.raises(ValueError, match=r"^causal: False with s_q \* h_q = 256"):
+        flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, DV, tile, splits,
+                               causal=False)
+
+
+def test_q_heads_over_the_limit(good):
+    q = torch.zeros(2, 1, 129, D, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^q: expected num_heads_q in 1\.\.128"):
         call(good, q=q)
 
 

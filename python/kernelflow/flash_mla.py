@@ -28,7 +28,8 @@ What differs from FlashMLA (docs/frameworks/flashmla.md says more):
   causal=False one. Copying either into buffers of FlashMLA's shapes does not work.
 - The library builds a schedule from the cache_seqlens values at the time it is built: the one
   in num_splits at get_mla_metadata, a causal s_q > 1 one at its first flash_mla_with_kvcache.
-- num_heads_k (h_kv) must be 1, head_dim_v 512, and s_q * h_q at most 128.
+- num_heads_k (h_kv) must be 1 and head_dim_v 512; h_q up to 128 and s_q up to 16; full attention
+  (causal=False with s_q > 1) up to 128 rows s_q * h_q per request.
 - softmax_scale defaults to 576**-0.5 as in FlashMLA. That is not the DeepSeek models' scale:
   DeepSeek-V2 and V2-Lite use 0.114721, V3 0.135234 (docs/spec.md section 1). Pass it.
 - Tensors on the CPU run the library's CPU backend; CUDA tensors run on sm_80 and newer.
@@ -44,7 +45,9 @@ from . import mla
 
 HEAD_DIM = 576
 HEAD_DIM_V = 512
-MAX_ROWS = 128  # s_q * h_q: the library's query heads per request (KF_MLA_MAX_HEADS)
+MAX_HEADS = 128  # h_q, and the rows of one token decoded as heads (KF_MLA_MAX_HEADS)
+MAX_SQ = 16  # the library's query tokens per request (KF_MLA_MAX_SQ)
+MAX_ROWS = MAX_HEADS * MAX_SQ  # s_q * h_q
 
 _KV_CACHE = re.compile(r"\bkv_cache\b")
 _METADATA = re.compile(r"\bmetadata\b")
@@ -84,7 +87,14 @@ class MlaMetadata(tuple):
     __slots__ = ()
 
     def __new__(cls, schedule: Schedule):
-        return super().__new__(cls, (schedule, schedule.flat()))
+        # num_splits: the flat schedule where s_q * h_q rows fit one token's heads; beyond that
+        # only the causal decode can run (its schedule is made per (h_q, s_q)), and num_splits
+        # is an empty placeholder.
+        if schedule.num_heads_per_head_k <= MAX_HEADS:
+            flat = schedule.flat()
+        else:
+            flat = torch.empty(0, dtype=torch.int32, device=schedule.cache_seqlens.device)
+        return super().__new__(cls, (schedule, flat))
 
     @property
     def tile_scheduler_metadata(self) -> Schedule:
@@ -103,7 +113,8 @@ def _check_tensor(value, name: str) -> None:
 def get_mla_metadata(cache_seqlens, num_heads_per_head_k: int, num_heads_k: int) -> MlaMetadata:
     """FlashMLA's get_mla_metadata: (tile_scheduler_metadata, num_splits) for a decode step.
 
-    cache_seqlens is int32 [b]; num_heads_per_head_k is s_q * h_q // h_kv, at most 128;
+    cache_seqlens is int32 [b]; num_heads_per_head_k is s_q * h_q // h_kv (up to 128 for any
+    decode, up to 2048 for a causal one);
     num_heads_k (h_kv) must be 1 (MLA's single latent head). The pair holds the library's
     schedules, not FlashMLA's tensors: pass it on to flash_mla_with_kvcache unchanged.
     """
@@ -137,10 +148,10 @@ def _check_shapes(q, k_cache, cache_seqlens, head_dim_v) -> tuple[int, int, int]
     if isinstance(head_dim_v, bool) or head_dim_v != HEAD_DIM_V:
         raise ValueError(f"head_dim_v: expected {HEAD_DIM_V}, got {head_dim_v!r}")
     b, s_q, h_q = (int(d) for d in q.shape[:3])
-    if s_q * h_q > MAX_ROWS:
+    if h_q > MAX_HEADS or s_q > MAX_SQ:
         raise ValueError(
-            f"q: s_q * h_q // h_kv must be in 1..{MAX_ROWS} (query rows of one request), got "
-            f"{s_q} * {h_q} (shape {tuple(q.shape)})"
+            f"q: expected num_heads_q in 1..{MAX_HEADS} and seq_len_q in 1..{MAX_SQ}, got "
+            f"shape {tuple(q.shape)}"
         )
     if tuple(cache_seqlens.shape) != (b,):
         raise ValueError(
@@ -198,6 +209,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v: i
         out, lse = _decode(q, k_cache, block_table, cache_seqlens,
                            schedule.metadata(h_q, s_q), "tile_scheduler_metadata", softmax_scale)
     else:
+        if s_q * h_q > MAX_HEADS:
+            raise ValueError(
+                f"causal: False with s_q * h_q = {s_q * h_q} query rows per request is not "
+                f"supported (full attention decodes the rows as heads of one token, at most "
+                f"{MAX_HEADS}); causal=True decodes up to {MAX_ROWS}"
+            )
         # Every row sees the whole cache: the s_q * h_q rows of a request are heads of one
         # query token over the shared latent head (MQA), decoded with num_splits.
         flat_q = q.reshape(b, 1, s_q * h_q, HEAD_DIM)
