@@ -75,17 +75,19 @@ using Smem = std::vector<uint16_t>;
 
 // 8x8 matrix q of an ldmatrix.x4 whose lane l supplied row address `addr[l]` (matrix q's row r
 // comes from lane 8 q + r).
-uint16_t matrix_at(const Smem& s, const TileChunk (&addr)[32], int q, int r, int c) {
+uint16_t matrix_at(const Smem& s, const TileChunk (&addr)[32], int q, int r, int c,
+                   int row_bytes) {
   const TileChunk a = addr[8 * q + r];
-  return s[kf::cuda::gemm_swizzle(a.row, a.chunk) / 2 + c];
+  return s[kf::cuda::gemm_swizzle(a.row, a.chunk, row_bytes) / 2 + c];
 }
 // Register q of lane l after ldmatrix.x4 (PTX: lane l holds row l / 4, columns 2 (l % 4) and
 // 2 (l % 4) + 1 of each matrix; .trans: rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4).
 std::array<uint16_t, 2> ldmatrix_reg(const Smem& s, const TileChunk (&addr)[32], int lane, int q,
-                                     bool trans) {
+                                     bool trans, int row_bytes = kf::cuda::kGemmTileRowBytes) {
   const int a = lane / 4, b = 2 * (lane % 4);
-  if (!trans) return {matrix_at(s, addr, q, a, b), matrix_at(s, addr, q, a, b + 1)};
-  return {matrix_at(s, addr, q, b, a), matrix_at(s, addr, q, b + 1, a)};
+  if (!trans)
+    return {matrix_at(s, addr, q, a, b, row_bytes), matrix_at(s, addr, q, a, b + 1, row_bytes)};
+  return {matrix_at(s, addr, q, b, a, row_bytes), matrix_at(s, addr, q, b + 1, a, row_bytes)};
 }
 
 using Regs4 = std::array<std::array<uint16_t, 2>, 4>;  // 4 registers of 2 bf16 values
@@ -111,11 +113,12 @@ void mma_model(std::array<std::array<float, 4>, 32>& d, const std::array<Regs4, 
 }
 
 // The 8 row addresses of each matrix of an ldmatrix.x4 cover the 32 banks once.
-bool conflict_free(const TileChunk (&addr)[32]) {
+bool conflict_free(const TileChunk (&addr)[32], int row_bytes = kf::cuda::kGemmTileRowBytes) {
   for (int q = 0; q < 4; ++q) {
     std::set<int> banks;
     for (int r = 0; r < 8; ++r) {
-      const uint32_t at = kf::cuda::gemm_swizzle(addr[8 * q + r].row, addr[8 * q + r].chunk);
+      const uint32_t at =
+          kf::cuda::gemm_swizzle(addr[8 * q + r].row, addr[8 * q + r].chunk, row_bytes);
       for (int w = 0; w < 4; ++w) banks.insert(int((at / 4 + w) % 32));
     }
     if (banks.size() != 32) return false;
@@ -186,9 +189,70 @@ void check_stage_model(bool kn, int mt) {
   }
 }
 
+// The narrow kernel's stage (skinny_gemm_narrow.cuh): 16 weight rows and 8 MT X rows of 256 k;
+// warp w's products over k 64 w .. 64 w + 63 land in its accumulators at warp 0's positions.
+void check_narrow_stage_model(int mt) {
+  SCOPED_TRACE("narrow MT " + std::to_string(mt));
+  constexpr int kRow = kf::cuda::kGemmNarrowRowBytes, kK = kRow / 2;
+  auto w_val = [](int n, int k) { return float((n * 7 + k * 3) % 11 - 5); };
+  auto x_val = [](int m, int k) { return float((m * 5 + k) % 7 - 3); };
+  Smem w_tile(16 * kK, 0), x_tile(size_t(8 * mt) * kK, 0);
+  std::vector<int> w_hits(w_tile.size(), 0), x_hits(x_tile.size(), 0);
+  auto place = [&](Smem& tile, std::vector<int>& hits, int rows, auto val) {
+    for (int i = 0; i < rows * kRow / 16; ++i) {
+      const TileChunk c = kf::cuda::gemm_copy_chunk(i, kRow);
+      for (int e = 0; e < 8; ++e) {
+        const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk, kRow) / 2 + e;
+        tile[at] = to_bf16(val(c.row, 8 * c.chunk + e));
+        ++hits[at];
+      }
+    }
+  };
+  place(w_tile, w_hits, 16, w_val);
+  place(x_tile, x_hits, 8 * mt, x_val);
+  for (int h : w_hits) ASSERT_EQ(h, 1);
+  for (int h : x_hits) ASSERT_EQ(h, 1);
+  for (int warp = 0; warp < 4; ++warp) {
+    std::vector<std::array<std::array<float, 4>, 32>> acc(mt);
+    for (auto& a : acc)
+      for (auto& l : a) l.fill(0.f);
+    for (int kk = 0; kk < 2; ++kk) {
+      std::array<Regs4, 32> a[2];
+      for (int st = 0; st < 2; ++st) {
+        TileChunk addr[32];
+        for (int lane = 0; lane < 32; ++lane)
+          addr[lane] = kf::cuda::gemm_a_chunk_narrow(warp, lane, 2 * kk + st);
+        EXPECT_TRUE(conflict_free(addr, kRow));
+        for (int lane = 0; lane < 32; ++lane)
+          for (int q = 0; q < 4; ++q) a[st][lane][q] = ldmatrix_reg(w_tile, addr, lane, q, false, kRow);
+      }
+      for (int j = 0; j < mt; ++j) {
+        TileChunk addr[32];
+        for (int lane = 0; lane < 32; ++lane)
+          addr[lane] = kf::cuda::gemm_b_chunk(j, lane, kk, 8 * warp);
+        EXPECT_TRUE(conflict_free(addr, kRow));
+        std::array<std::array<uint16_t, 2>, 32> b[4];
+        for (int lane = 0; lane < 32; ++lane)
+          for (int q = 0; q < 4; ++q) b[q][lane] = ldmatrix_reg(x_tile, addr, lane, q, false, kRow);
+        mma_model(acc[j], a[0], b[0], b[1]);
+        mma_model(acc[j], a[1], b[2], b[3]);
+      }
+    }
+    for (int j = 0; j < mt; ++j)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int e = 0; e < 4; ++e) {
+          const int m = kf::cuda::gemm_acc_row(j, lane, e), n = kf::cuda::gemm_acc_col(0, lane, e);
+          float want = 0.f;
+          for (int k = 64 * warp; k < 64 * warp + 64; ++k) want += x_val(m, k) * w_val(n, k);
+          ASSERT_EQ(acc[j][lane][e], want) << "warp " << warp << " j " << j << " lane " << lane << " e " << e;
+        }
+  }
+}
+
 TEST(LayerGemmStage, InstructionModelGivesThePlainProducts) {
   for (bool kn : {false, true})
     for (int mt : {1, 2, 16}) check_stage_model(kn, mt);
+  for (int mt : {1, 2}) check_narrow_stage_model(mt);
 }
 
 TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {
@@ -415,13 +479,15 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
   KF_REQUIRE_GPU();
   auto rng = test_rng(14);
   const GemmCase cases[] = {
-      {1, 2048, WeightLayout::kNK, {576}, 1},          // W_kv_a alone: 9 tiles, K in 29 splits
-      {7, 2048, WeightLayout::kNK, {3072, 576}, 1},    // [W_q; W_kv_a]: 57 tiles, 4 splits
+      {1, 2048, WeightLayout::kNK, {576}, 1},          // narrow (<= 16 rows): 36 tiles
+      {7, 2048, WeightLayout::kNK, {3072, 576}, 1},    // narrow [W_q; W_kv_a]: 228 tiles
+      {3, 320, WeightLayout::kNK, {40}, 1},            // narrow: K ends inside a 256-k stage
       {64, 2048, WeightLayout::kNK, {1000, 576}, 1},   // a partial tile in each job
       {128, 1024, WeightLayout::kNK, {1000, 576}, 1},  // the largest batch
       {33, 2048, WeightLayout::kNK, {2048}, 1},        // W_o: 32 tiles, 8 splits
-      {5, 128, WeightLayout::kNK, {17000}, 1},         // 266 tiles: no split
-      {9, 512, WeightLayout::kNK, {128}, 16},          // the o absorption: 16 heads
+      {5, 128, WeightLayout::kNK, {17000}, 1},         // narrow: 1063 tiles, K below a stage
+      {40, 128, WeightLayout::kNK, {17000}, 1},        // 266 tiles: no split
+      {9, 512, WeightLayout::kNK, {128}, 16},          // the o absorption: 16 heads, 9..16 rows
       {128, 512, WeightLayout::kNK, {128}, 16},
       {16, 128, WeightLayout::kKN, {512}, 4},          // the q absorption: W_UK stored [k][n]
       {100, 128, WeightLayout::kKN, {512}, 16},
@@ -459,7 +525,8 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   bad.job[0].n_cols = 60;  // [k][n] needs whole 8-column chunks
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kKN, nullptr), cudaErrorInvalidValue);
   bad = g;
-  bad.job[0].n_cols = 64 * 8;  // 8 tiles: split, but no scratch given
+  bad.m = 32;                  // the wide kernel (more than kGemmNarrowMaxM rows) ...
+  bad.job[0].n_cols = 64 * 8;  // ... over 8 tiles: split, but no scratch given
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kNK, nullptr), cudaErrorInvalidValue);
   CUDA_OK(cudaGetLastError());
 }

@@ -15,6 +15,10 @@
 namespace kf::cuda {
 
 constexpr int kGemmMaxM = 128;  // rows of X (the batch)
+// W[n][k] GEMMs of at most this many rows run the narrow kernel (skinny_gemm_narrow.cuh):
+// 16 columns per block over all of K, no split.
+constexpr int kGemmNarrowMaxM = 16;
+constexpr int kGemmNarrowTileN = 16;
 
 // How a GEMM's weight is stored: W[n][k] (a torch.nn.Linear weight: y = x W^T) or W[k][n]
 // (y = x W, the query absorption's W_UK).
@@ -33,7 +37,8 @@ struct GemmJob {
   int64_t ldy, y_z;
   int n_cols;
   int num_z;
-  // Filled by plan_gemm: output tiles of kLayerGemmTileN columns per z, and in all.
+  // Filled by plan_gemm: output tiles (of kLayerGemmTileN columns, or kGemmNarrowTileN for
+  // the narrow kernel) per z, and in all.
   int tiles_n, tiles;
 };
 
@@ -47,11 +52,13 @@ struct GemmLaunch {
   int32_t* counters;  // kLayerGemmBlocks / 2 ints, zero before the first launch (kept zero)
   // Filled by plan_gemm.
   int tiles, splits;
+  bool narrow;  // the narrow kernel (then splits == 1)
 };
 
 // Fills the tile counts and the split; false for what the kernels do not handle (M outside
 // [1, kGemmMaxM], K not a multiple of kLayerGemmTileK, misaligned W or X rows, a kKN weight
-// whose n_cols is not a multiple of 8, an empty job).
+// whose n_cols is not a multiple of 8, an empty job). A kNK launch of at most kGemmNarrowMaxM
+// rows is planned for the narrow kernel.
 bool plan_gemm(GemmLaunch& g, WeightLayout layout);
 
 cudaError_t launch_skinny_gemm(const GemmLaunch& g, WeightLayout layout, cudaStream_t stream);

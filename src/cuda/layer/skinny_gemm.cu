@@ -1,11 +1,13 @@
 // The skinny GEMM as a launch of its own (the projections and the output absorption), and the
-// launch plan every GEMM of the layer shares. The kernel is skinny_gemm.cuh's block: one output
-// tile of 64 columns x all M rows over a share of K, 4 warps, cp.async stages in shared memory.
+// launch plan every GEMM of the layer shares. Two kernels: up to kGemmNarrowMaxM rows of a W[n][k]
+// weight, skinny_gemm_narrow.cuh's block (16 columns over all of K); otherwise skinny_gemm.cuh's
+// (64 columns x all M rows over a share of K). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"
+#include "cuda/layer/skinny_gemm_narrow.cuh"
 
 namespace kf::cuda {
 namespace {
@@ -17,6 +19,13 @@ __global__ void __launch_bounds__(kGemmThreads)
   gemm_block<MT, L>(g, blockIdx.x, smem);
 }
 
+template <int MT>
+__global__ void __launch_bounds__(kGemmThreads)
+    skinny_gemm_narrow_kernel(const __grid_constant__ GemmLaunch g) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  narrow_block<MT>(g, blockIdx.x, smem);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // W and X rows start 16-byte aligned for every z (cp.async of 16 bytes).
@@ -24,6 +33,16 @@ bool job_ok(const GemmJob& j, WeightLayout layout) {
   return j.w != nullptr && j.x != nullptr && j.y != nullptr && j.n_cols >= 1 && j.num_z >= 1 &&
          aligned16(j.w) && aligned16(j.x) && j.ldw % 8 == 0 && j.ldx % 8 == 0 &&
          j.w_z % 8 == 0 && j.x_z % 8 == 0 && (layout == WeightLayout::kNK || j.n_cols % 8 == 0);
+}
+
+cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
+  auto run = [&](auto kernel, int smem) {
+    const cudaError_t err = allow_smem(kernel, smem);
+    if (err != cudaSuccess) return err;
+    return launch_pdl(kernel, dim3(g.tiles), dim3(kGemmThreads), smem, stream, g);
+  };
+  return g.m <= 8 ? run(skinny_gemm_narrow_kernel<1>, NarrowShape<1>::kSmemBytes)
+                  : run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
 }
 
 template <WeightLayout L>
@@ -44,16 +63,22 @@ bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
   if (g.m < 1 || g.m > kGemmMaxM || g.k < kLayerGemmTileK || g.k % kLayerGemmTileK != 0 ||
       g.num_jobs < 1 || g.num_jobs > 2)
     return false;
+  g.narrow = layout == WeightLayout::kNK && g.m <= kGemmNarrowMaxM;
+  const int tile_n = g.narrow ? kGemmNarrowTileN : kLayerGemmTileN;
   int64_t tiles = 0;
   for (int j = 0; j < g.num_jobs; ++j) {
     GemmJob& job = g.job[j];
     if (!job_ok(job, layout)) return false;
-    job.tiles_n = ceil_div(job.n_cols, kLayerGemmTileN);
+    job.tiles_n = ceil_div(job.n_cols, tile_n);
     job.tiles = job.tiles_n * job.num_z;
     tiles += job.tiles;
   }
   if (tiles > (int64_t(1) << 24)) return false;
   g.tiles = int(tiles);
+  if (g.narrow) {
+    g.splits = 1;
+    return true;
+  }
   g.splits = layer_gemm_splits(tiles, g.k, g.m);
   return g.splits == 1 || (g.scratch != nullptr && g.counters != nullptr);
 }
@@ -61,6 +86,7 @@ bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
 cudaError_t launch_skinny_gemm(const GemmLaunch& g, WeightLayout layout, cudaStream_t stream) {
   GemmLaunch planned = g;
   if (!plan_gemm(planned, layout)) return cudaErrorInvalidValue;
+  if (planned.narrow) return launch_narrow(planned, stream);
   return layout == WeightLayout::kNK ? launch_layout<WeightLayout::kNK>(planned, stream)
                                      : launch_layout<WeightLayout::kKN>(planned, stream);
 }

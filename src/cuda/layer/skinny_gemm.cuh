@@ -69,11 +69,12 @@ __device__ __forceinline__ void cp_async_16_cg(uint32_t dst, const void* src, in
 struct GemmTileId {
   int job, z, n0;
 };
-__device__ __forceinline__ GemmTileId gemm_tile_id(const GemmLaunch& g, int t) {
+__device__ __forceinline__ GemmTileId gemm_tile_id(const GemmLaunch& g, int t,
+                                                   int tile_n = kLayerGemmTileN) {
   const int j = (g.num_jobs > 1 && t >= g.job[0].tiles) ? 1 : 0;
   const int local = j ? t - g.job[0].tiles : t;
   const int tiles_n = j ? g.job[1].tiles_n : g.job[0].tiles_n;
-  return {j, local / tiles_n, (local % tiles_n) * kLayerGemmTileN};
+  return {j, local / tiles_n, (local % tiles_n) * tile_n};
 }
 
 // The job's pointers for head z (selected field by field: no dynamic indexing of the
