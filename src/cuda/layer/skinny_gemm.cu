@@ -4,7 +4,6 @@
 // (64 columns x all M rows over a share of K). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
-#include "cuda/common/device_flag.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"
@@ -20,26 +19,11 @@ __global__ void __launch_bounds__(kGemmThreads)
   gemm_block<MT, L>(g, blockIdx.x, smem);
 }
 
-template <int MT, bool kDeep>
+template <int MT>
 __global__ void __launch_bounds__(kGemmThreads)
     skinny_gemm_narrow_kernel(const __grid_constant__ GemmLaunch g) {
   extern __shared__ __align__(128) uint8_t smem[];
-  narrow_block<MT, kDeep>(g, blockIdx.x, smem);
-}
-
-// Whether a block of the current device may use the deep ring's shared memory.
-bool device_fits_deep_ring() {
-  const int dev = current_device();
-  static DeviceFlag fits;
-  return fits.get(dev, [dev] {
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return bytes >= NarrowShape<2, true>::kSmemBytes;
-  });
+  narrow_block<MT>(g, blockIdx.x, smem);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -57,11 +41,8 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     return launch_pdl(kernel, dim3(g.tiles), dim3(kGemmThreads), smem, stream, g);
   };
-  if (device_fits_deep_ring())
-    return g.m <= 8 ? run(skinny_gemm_narrow_kernel<1, true>, NarrowShape<1, true>::kSmemBytes)
-                    : run(skinny_gemm_narrow_kernel<2, true>, NarrowShape<2, true>::kSmemBytes);
-  return g.m <= 8 ? run(skinny_gemm_narrow_kernel<1, false>, NarrowShape<1, false>::kSmemBytes)
-                  : run(skinny_gemm_narrow_kernel<2, false>, NarrowShape<2, false>::kSmemBytes);
+  return g.m <= 8 ? run(skinny_gemm_narrow_kernel<1>, NarrowShape<1>::kSmemBytes)
+                  : run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
 }
 
 template <WeightLayout L>

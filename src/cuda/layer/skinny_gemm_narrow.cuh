@@ -9,11 +9,8 @@
 // (four k16 steps of mma.sync m16n8k16, the weight as the A operand as in the wide kernel), so
 // the four warps hold partial sums over disjoint k, added in warp order at the end (the same
 // bits on every launch). K needs to be a multiple of 64 only: chunks past K are zero-filled.
-// cp.async of 16 bytes through L2 only (.cg), kStages stages in a ring. The kernel's time is
-// mostly the latency of its first requests, so the ring is as deep as the device allows: where a
-// block may have 144 KB of shared memory (sm_80, sm_90) 9 stages, 8 of them requested at the
-// start (64 KB of weights: all of K = 2048); on sm_86/sm_89 (99 KB) 6 stages at MT = 1 and 5 at
-// MT = 2 (72 and 80 KB).
+// cp.async of 16 bytes through L2 only (.cg), kStages stages in a ring (72 KB at MT = 1, 80 KB
+// at MT = 2; sm_86 allows 99 KB).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,10 +30,10 @@ constexpr int kNarrowStageK = kGemmNarrowRowBytes / 2;  // 256
 constexpr int kNarrowChunks = kGemmNarrowRowBytes / 16;  // 32 per row
 static_assert(kGemmThreads / 32 * 64 == kNarrowStageK, "one 64-k slice per warp");
 
-template <int MT, bool kDeep>
+template <int MT>
 struct NarrowShape {
   static_assert(MT == 1 || MT == 2, "the narrow kernel takes at most 16 rows");
-  static constexpr int kStages = kDeep ? 9 : (MT == 1 ? 6 : 5);
+  static constexpr int kStages = MT == 1 ? 6 : 5;
   static constexpr int kWBytes = kGemmNarrowTileN * kGemmNarrowRowBytes;  // 8 KB
   static constexpr int kXRows = 8 * MT;
   static constexpr int kStageBytes = kWBytes + kXRows * kGemmNarrowRowBytes;
@@ -63,9 +60,9 @@ __device__ __forceinline__ void narrow_load_w(uint8_t* stage, const GemmOperands
 template <int MT>
 __device__ __forceinline__ void narrow_load_x(uint8_t* stage, const GemmOperands& op, int m,
                                               int k0, int k, int tid) {
-  uint8_t* xs = stage + NarrowShape<MT, false>::kWBytes;
+  uint8_t* xs = stage + NarrowShape<MT>::kWBytes;
 #pragma unroll
-  for (int i = 0; i < NarrowShape<MT, false>::kXRows * kNarrowChunks / kGemmThreads; ++i) {
+  for (int i = 0; i < NarrowShape<MT>::kXRows * kNarrowChunks / kGemmThreads; ++i) {
     const auto [row, chunk] = gemm_copy_chunk(tid + i * kGemmThreads, kGemmNarrowRowBytes);
     const int kc = k0 + chunk * 8;
     const bool ok = row < m && kc < k;
@@ -79,7 +76,7 @@ __device__ __forceinline__ void narrow_load_x(uint8_t* stage, const GemmOperands
 template <int MT>
 __device__ __forceinline__ void narrow_stage_mma(float (&acc)[MT][4], const uint8_t* stage,
                                                  int warp, int lane) {
-  const uint8_t* xs = stage + NarrowShape<MT, false>::kWBytes;
+  const uint8_t* xs = stage + NarrowShape<MT>::kWBytes;
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {  // 32 k: two k16 steps
     uint32_t a[2][4];
@@ -127,10 +124,10 @@ __device__ __forceinline__ void narrow_epilogue(const GemmLaunch& g, const GemmO
     }
 }
 
-// Block `bid` (one 16-column tile of a job and head). smem: NarrowShape<MT, kDeep>::kSmemBytes.
-template <int MT, bool kDeep>
+// Block `bid` (one 16-column tile of a job and head). smem: NarrowShape<MT>::kSmemBytes.
+template <int MT>
 __device__ __forceinline__ void narrow_block(const GemmLaunch& g, int bid, uint8_t* smem) {
-  using Shape = NarrowShape<MT, kDeep>;
+  using Shape = NarrowShape<MT>;
   constexpr int kAhead = Shape::kStages - 1;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const GemmTileId id = gemm_tile_id(g, bid, kGemmNarrowTileN);
