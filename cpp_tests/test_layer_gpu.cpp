@@ -480,6 +480,7 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
   auto rng = test_rng(14);
   const GemmCase cases[] = {
       {1, 2048, WeightLayout::kNK, {576}, 1},          // narrow (<= 16 rows): 36 tiles
+      {2, 4096, WeightLayout::kNK, {576}, 1},          // K above the narrow bound: wide, split
       {7, 2048, WeightLayout::kNK, {3072, 576}, 1},    // narrow [W_q; W_kv_a]: 228 tiles
       {3, 320, WeightLayout::kNK, {40}, 1},            // narrow: K ends inside a 256-k stage
       {64, 2048, WeightLayout::kNK, {1000, 576}, 1},   // a partial tile in each job

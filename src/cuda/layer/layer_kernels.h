@@ -15,9 +15,12 @@
 namespace kf::cuda {
 
 constexpr int kGemmMaxM = 128;  // rows of X (the batch)
-// W[n][k] GEMMs of at most this many rows run the narrow kernel (skinny_gemm_narrow.cuh):
-// 16 columns per block over all of K, no split.
+// W[n][k] GEMMs of at most kGemmNarrowMaxM rows and kGemmNarrowMaxK k run the narrow kernel
+// (skinny_gemm_narrow.cuh): 16 columns per block over all of K, no split. A block streams its
+// column slab at the rate its few stages in flight allow, so a long K (V3's hidden 7168 and W_o's
+// 16384) takes the wide kernel, whose split-K keeps every block's share short.
 constexpr int kGemmNarrowMaxM = 16;
+constexpr int kGemmNarrowMaxK = 2048;
 constexpr int kGemmNarrowTileN = 16;
 
 // How a GEMM's weight is stored: W[n][k] (a torch.nn.Linear weight: y = x W^T) or W[k][n]
@@ -58,7 +61,7 @@ struct GemmLaunch {
 // Fills the tile counts and the split; false for what the kernels do not handle (M outside
 // [1, kGemmMaxM], K not a multiple of kLayerGemmTileK, misaligned W or X rows, a kKN weight
 // whose n_cols is not a multiple of 8, an empty job). A kNK launch of at most kGemmNarrowMaxM
-// rows is planned for the narrow kernel.
+// rows and kGemmNarrowMaxK k is planned for the narrow kernel.
 bool plan_gemm(GemmLaunch& g, WeightLayout layout);
 
 cudaError_t launch_skinny_gemm(const GemmLaunch& g, WeightLayout layout, cudaStream_t stream);

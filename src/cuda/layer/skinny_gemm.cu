@@ -1,6 +1,6 @@
 // The skinny GEMM as a launch of its own (the projections and the output absorption), and the
 // launch plan every GEMM of the layer shares. Two kernels: up to kGemmNarrowMaxM rows of a W[n][k]
-// weight, skinny_gemm_narrow.cuh's block (16 columns over all of K); otherwise skinny_gemm.cuh's
+// weight over at most kGemmNarrowMaxK k, skinny_gemm_narrow.cuh's block (16 columns over all of K); otherwise skinny_gemm.cuh's
 // (64 columns x all M rows over a share of K). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
@@ -63,7 +63,7 @@ bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
   if (g.m < 1 || g.m > kGemmMaxM || g.k < kLayerGemmTileK || g.k % kLayerGemmTileK != 0 ||
       g.num_jobs < 1 || g.num_jobs > 2)
     return false;
-  g.narrow = layout == WeightLayout::kNK && g.m <= kGemmNarrowMaxM;
+  g.narrow = layout == WeightLayout::kNK && g.m <= kGemmNarrowMaxM && g.k <= kGemmNarrowMaxK;
   const int tile_n = g.narrow ? kGemmNarrowTileN : kLayerGemmTileN;
   int64_t tiles = 0;
   for (int j = 0; j < g.num_jobs; ++j) {

@@ -1,6 +1,6 @@
-// The narrow skinny GEMM: Y[M, N] = X[M, K] W[N][K]^T for M <= kGemmNarrowMaxM, where the
-// weight bytes are all the traffic and the kernel's time is how long it takes to have enough of
-// them in flight. A block of 4 warps owns 16 output columns over all of K, so no block waits on
+// The narrow skinny GEMM: Y[M, N] = X[M, K] W[N][K]^T for M <= kGemmNarrowMaxM and K <=
+// kGemmNarrowMaxK (layer_kernels.h says why), where the weight bytes are all the traffic and the
+// kernel's time is how long it takes to have enough of them in flight. A block of 4 warps owns 16 output columns over all of K, so no block waits on
 // another (no split-K partials, no counters) and the blocks of a launch stream their weight rows
 // from the first instruction: each block's first kAhead stages are requested before pdl_wait.
 //
