@@ -197,6 +197,18 @@ def validate_h200(kernels_sm90, results_dir):
     return rows
 
 
+# The regimes the validation error is summarized over.
+REGIMES = (
+    ("all cells", lambda r: True),
+    ("bf16, h_q 16, b >= 32 (memory-bound)", lambda r: r["format"] == "bf16" and r["h_q"] == 16
+     and r["b"] >= 32),
+    ("8-bit, h_q 16, b >= 32", lambda r: r["format"] != "bf16" and r["h_q"] == 16
+     and r["b"] >= 32),
+    ("h_q 128, b >= 8 (compute-bound)", lambda r: r["h_q"] == 128 and r["b"] >= 8),
+    ("b = 1 (launch and latency)", lambda r: r["b"] == 1),
+)
+
+
 def error_summary(rows, keep=lambda r: True):
     errs = [abs(r["error"]) for r in rows if keep(r)]
     if not errs:
@@ -274,10 +286,9 @@ def run_estimate(library=None, gpus=tuple(GPUS), shapes=None, results_dir=None, 
     results_dir = find_results_dir(results_dir)
     if "sm_90" in kernels and results_dir:
         rows = validate_h200(kernels["sm_90"], results_dir)
-        result["h200_validation"] = {
-            "rows": rows, "all": error_summary(rows),
-            "memory_bound_cells": error_summary(rows, lambda r: r["bound"] == "memory"),
-            "b_ge_32": error_summary(rows, lambda r: r["b"] >= 32)}
+        result["h200_validation"] = {"rows": rows, "summary": [
+            dict(which=label, **error_summary(rows, keep)) for label, keep in REGIMES
+            if error_summary(rows, keep)]}
     else:
         notes.append("H200 validation skipped: " + ("no sm_90 code in the library"
                                                    if "sm_90" not in kernels
@@ -333,8 +344,28 @@ def estimate_main(argv=None):
         from .estimate_report import dumps
 
         with open(args.json, "w") as f:
-            f.write(dumps(result) + "\n")
+            f.write(dumps(dict(provenance(argv), **result)) + "\n")
     return 0
+
+
+def provenance(argv):
+    """Date, build, the command line and (from a git checkout in the current folder) the commit,
+    for the JSON."""
+    import datetime
+    import subprocess
+
+    from . import _C
+
+    info = {"date": datetime.date.today().isoformat(), "build": _C.build_info(),
+            "command": "python -m kernelflow.estimate " + " ".join(
+                sys.argv[1:] if argv is None else argv)}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True,
+                                        check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return info
 
 
 if __name__ == "__main__":

@@ -61,12 +61,9 @@ def validation_lines(validation):
         lines.append(f"{r['source']:34} {r['format']:8} {r['h_q']:>3} {r['b']:>3} {r['s_k']:>5} "
                      f"{r['measured_us']:>11.1f} {r['estimate_us']:>11.1f} "
                      f"{100 * r['error']:>6.1f}%  {r['bound']}")
-    for label, key in (("all cells", "all"), ("memory-bound cells", "memory_bound_cells"),
-                       ("b >= 32", "b_ge_32")):
-        s = validation.get(key)
-        if s:
-            lines.append(f"estimate error, {label}: median {100 * s['median_abs_error']:.1f}%, "
-                         f"max {100 * s['max_abs_error']:.1f}% over {s['cells']} cells")
+    for s in validation["summary"]:
+        lines.append(f"estimate error, {s['which']}: median {100 * s['median_abs_error']:.1f}%, "
+                     f"max {100 * s['max_abs_error']:.1f}% over {s['cells']} cells")
     return lines
 
 
