@@ -16,8 +16,6 @@ import glob
 import importlib.util
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 SM86_MAX_SMEM_PER_BLOCK = 101376
@@ -40,54 +38,21 @@ def find_library():
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
-def find_cuobjdump():
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for r in roots:
-        if r and os.path.isfile(os.path.join(r, "bin", "cuobjdump")):
-            return os.path.join(r, "bin", "cuobjdump")
-    # The pip wheel nvidia-cuda-cuobjdump ships the binary under nvidia/cu*/bin.
-    spec = importlib.util.find_spec("nvidia")
-    if spec is not None and spec.submodule_search_locations:
-        for d in spec.submodule_search_locations:
-            hits = glob.glob(os.path.join(d, "cu*", "bin", "cuobjdump"))
-            if hits:
-                return hits[0]
-    return None
+def _load_sass_reader():
+    """python/kernelflow/estimate_sass.py (cuobjdump's finder and readers), loaded by path: it
+    needs neither the built package nor an installed one."""
+    path = os.path.join(REPO, "python", "kernelflow", "estimate_sass.py")
+    spec = importlib.util.spec_from_file_location("kf_estimate_sass", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def demangle(names):
-    tool = shutil.which("c++filt") or shutil.which("cu++filt")
-    if not tool or not names:
-        return {n: n for n in names}
-    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
-    return {n: (out[i] if i < len(out) and out[i] else n) for i, n in enumerate(names)}
-
-
-def resource_usage(cuobjdump, library):
-    """[(arch, mangled name, {REG, STACK, SHARED, LOCAL, ...})] for every kernel in the library."""
-    run = subprocess.run([cuobjdump, "--dump-resource-usage", library], capture_output=True,
-                         text=True)
-    if run.returncode != 0:  # a CPU-only build holds no device code at all
-        raise FileNotFoundError(f"no device code in {library}: {run.stderr.strip()}")
-    text = run.stdout
-    rows, arch, func = [], None, None
-    for line in text.splitlines():
-        m = re.match(r"\s*arch = (sm_\d+\w*)", line)
-        if m:
-            arch = m.group(1)
-            continue
-        m = re.match(r"\s*Function (\S+):", line)
-        if m:
-            func = m.group(1)
-            continue
-        if func and "REG:" in line:
-            fields = {k: int(v) for k, v in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line)}
-            rows.append((arch, func, fields))
-            func = None
-    return rows
+_sass = _load_sass_reader()
+find_cuobjdump = _sass.find_cuobjdump
+demangle = _sass.demangle
+resource_usage = _sass.resource_usage
 
 
 def check(library, cuobjdump, arch="86"):
