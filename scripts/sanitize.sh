@@ -2,7 +2,8 @@
 # compute-sanitizer over the GPU tests' representative subset: memcheck, racecheck, initcheck and
 # synccheck each run the C++ binary's GpuSanitize* tests (small shapes, every device buffer
 # initialized, NaN in page padding); memcheck also runs the out-of-range contents tests
-# (GpuContents.*), the error-buffer, graph, append and thread tests and the 8-bit decode. One line per tool, e.g.
+# (GpuContents.*), the error-buffer, graph, append and thread tests, the 8-bit decode and the
+# fused layer's graph. One line per tool, e.g.
 # "memcheck: 0 errors (27 tests passed, 0 failed, 1 skipped, 41 s)", and a summary line last.
 # Exit 0 only when every tool ran, reported 0 errors, and no test failed.
 #
@@ -26,9 +27,10 @@ t_start=$(date +%s)
 # What every tool runs: the sanitizer subset (all small shapes).
 SUBSET='*GpuSanitize*'
 # memcheck is cheap enough for more: the out-of-range contents, the error buffer, graphs, the
-# 16-bit append, host threads on several streams, two of the GpuDecode cases and the 8-bit decode
-# (16 to 128 rows, both formats).
-MEMCHECK_EXTRA='GpuContents.*:GpuErrorBuffer.*:GpuCacheAppend.*:GpuDecodeGraph.*:GpuDecodeDeterminism.*:GpuThreads.*:Gpu/GpuDecode.*/Bf16Hq16Sq2Page16:Gpu/GpuDecode.*/Bf16ManyShortRequests:GpuKv8Decode.*'
+# 16-bit append, host threads on several streams, two of the GpuDecode cases, the 8-bit decode
+# (16 to 128 rows, both formats) and the fused layer's graph (replays with bad values written into
+# its static buffers between them).
+MEMCHECK_EXTRA='GpuContents.*:GpuErrorBuffer.*:GpuCacheAppend.*:GpuDecodeGraph.*:GpuDecodeDeterminism.*:GpuThreads.*:Gpu/GpuDecode.*/Bf16Hq16Sq2Page16:Gpu/GpuDecode.*/Bf16ManyShortRequests:GpuKv8Decode.*:GpuLayerGraph.*'
 
 filter_for() {
   local var="KF_SANITIZE_FILTER_$(echo "$1" | tr a-z A-Z)"
