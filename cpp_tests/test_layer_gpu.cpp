@@ -1253,8 +1253,8 @@ void run_graph_case(int q_lora, kf::KvFormat fmt) {
     // Pages no request of the batch addresses (in the good or the bad table) are untouched.
     std::vector<bool> used(num_pages, false);
     for (int e = 0; e < batch * d.max_pages_per_seq; ++e)
-      for (const std::vector<int32_t>* t : {&good_bt, &table})
-        if ((*t)[e] >= 0 && (*t)[e] < num_pages) used[(*t)[e]] = true;
+      for (const int32_t page : {good_bt[e], table[e]})
+        if (page >= 0 && page < num_pages) used[page] = true;
     const size_t page_bytes = cache_bytes / num_pages;
     for (size_t l = 0; l < dev_cache.size(); ++l) {
       const std::vector<uint8_t> now = dev_cache[l]->read();
