@@ -260,18 +260,19 @@ __device__ __forceinline__ void pv_tile(float (&o)[Tr::kPvBlocks][32], const flo
   for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[nb][i] *= alpha[(i >> 1) & 1];
+  constexpr int kSteps = Tr::kBlockN / 16;
+  uint32_t a[kSteps][4];  // every P fragment before the fence: no register write between wgmmas
+#pragma unroll
+  for (int kt = 0; kt < kSteps; ++kt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kt][i] = pack2<T>(sacc[8 * kt + 2 * i], sacc[8 * kt + 2 * i + 1]);
   const uint64_t dv = smem_desc_sw128(slot + g * Tr::kPvBlocks * Tr::kColBlockBytes, 1024, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
-    const uint32_t a[4] = {pack2<T>(sacc[8 * kt], sacc[8 * kt + 1]),
-                           pack2<T>(sacc[8 * kt + 2], sacc[8 * kt + 3]),
-                           pack2<T>(sacc[8 * kt + 4], sacc[8 * kt + 5]),
-                           pack2<T>(sacc[8 * kt + 6], sacc[8 * kt + 7])};
+  for (int kt = 0; kt < kSteps; ++kt)
 #pragma unroll
     for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
-      wgmma_rs<T>(o[nb], a, dv + (uint32_t(nb * Tr::kColBlockBytes + kt * 2048) >> 4), 1);
-  }
+      wgmma_rs<T>(o[nb], a[kt], dv + (uint32_t(nb * Tr::kColBlockBytes + kt * 2048) >> 4), 1);
   wgmma_commit();
   wgmma_wait<0>();
 }
