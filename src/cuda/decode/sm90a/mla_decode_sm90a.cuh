@@ -395,7 +395,7 @@ template <typename T>
 __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
     mla_decode_sm90a_kernel(const __grid_constant__ MlaDecodeParams p) {
   using Tr = MlaSm90aTraits;
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const sm90a::Smem sm{smem_raw + pad, raw + pad};
