@@ -197,6 +197,8 @@ __device__ __forceinline__ void qk_tile(float (&sacc)[32], uint32_t q_smem, uint
   }
   wgmma_commit();
   wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) reg_fence(sacc[i]);  // no read of S moves above the wait
 }
 
 // The online softmax state of this thread's two rows (h = 0, 1: block rows rbase + 8 h).
@@ -267,6 +269,10 @@ __device__ __forceinline__ void pv_tile(float (&o)[Tr::kPvBlocks][32], const flo
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[kt][i] = pack2<T>(sacc[8 * kt + 2 * i], sacc[8 * kt + 2 * i + 1]);
   const uint64_t dv = smem_desc_sw128(slot + g * Tr::kPvBlocks * Tr::kColBlockBytes, 1024, 1024);
+#pragma unroll
+  for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) reg_fence(o[nb][i]);  // the rescale stays above the fence
   wgmma_fence();
 #pragma unroll
   for (int kt = 0; kt < kSteps; ++kt)
@@ -275,6 +281,10 @@ __device__ __forceinline__ void pv_tile(float (&o)[Tr::kPvBlocks][32], const flo
       wgmma_rs<T>(o[nb], a[kt], dv + (uint32_t(nb * Tr::kColBlockBytes + kt * 2048) >> 4), 1);
   wgmma_commit();
   wgmma_wait<0>();
+#pragma unroll
+  for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) reg_fence(o[nb][i]);  // no use of O moves above the wait
 }
 
 // The piece's epilogue for this thread's rows rbase, rbase + 8: l = the quad's shares (a fixed
