@@ -2,9 +2,9 @@
 // reference, next to the portable family on the same inputs: bf16 and fp16, pages of 16, 32 and
 // 64 tokens (scattered, NaN in every unused slot), h_q 16, 64 and 128, s_q 1 and 2, lengths from 0
 // to several 64-token tiles (most not multiples of 64), workers with one piece up to workers with
-// more pieces than a block stages at once; bit-identical reruns and graph replay. Skips with the
-// reason where the device or the build has no sm_90a family (it needs compute capability 9.0 and
-// a build for 90). h_q 16 with s_q 1 runs the portable M16 kernel in both families (the sm_90a
+// more pieces than a block stages at once; s_q up to 16 (causal, requests shorter than s_q);
+// bit-identical reruns and graph replay. Skips with the reason where the device or the build has
+// no sm_90a family (it needs compute capability 9.0 and a build for 90). h_q 16 with s_q 1 runs the portable M16 kernel in both families (the sm_90a
 // family's explicit choice, decode_family_sm90a.cu); every other case runs the wgmma kernel.
 #include "gpu_util.h"
 
@@ -180,6 +180,38 @@ TEST(GpuSm90aDecodeSplit, LongRequestsMatchCpuBackend) {
   expect_close_to(res, cpu);
   CUDA_OK(dev.download_results(cpu));
   expect_matches_reference(cpu);
+#endif
+}
+
+// Causal decodes of many query tokens (s_q up to 16: up to 2048 rows, 32 row tiles), with
+// requests shorter than s_q (their first rows see nothing), against the CPU backend and float64.
+TEST(GpuSm90aDecodeCausal, ManyQueryTokensMatchCpuBackend) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  struct Shape {
+    int h_q, s_q;
+  };
+  for (const Shape sh : {Shape{16, 16}, Shape{128, 4}, Shape{8, 3}, Shape{128, 16}}) {
+    SCOPED_TRACE("h_q " + std::to_string(sh.h_q) + " s_q " + std::to_string(sh.s_q));
+    auto rng = test_rng(uint64_t(sh.h_q) * 100 + sh.s_q);
+    Problem pr;
+    pr.batch = 5;
+    pr.h_q = sh.h_q;
+    pr.s_q = sh.s_q;
+    pr.page_size = 32;
+    pr.num_workers = 20;
+    pr.seqlens = {0, 2, 15, 64, 300};
+    Built cpu = build_problem(pr, rng);
+    DeviceProblem dev(cpu);
+    ASSERT_TRUE(dev.ok());
+    ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
+    Built res = build_problem(pr, rng);
+    decode_with("", pr, dev, res);
+    expect_close_to(res, cpu);
+    CUDA_OK(dev.download_results(cpu));
+    expect_matches_reference(cpu);
+  }
 #endif
 }
 
