@@ -84,5 +84,28 @@ struct DeviceProblem {
   DeviceTensor q, cache, block_table, cache_seqlens, metadata, out, lse, workspace;
 };
 
+// Worst row cosine distance and lse difference between two finished outputs of one problem.
+inline void expect_close_to(Built& gpu, Built& cpu, double max_cos = 1e-5, double max_lse = 1e-4) {
+  const Problem& pr = cpu.pr;
+  double worst = 0, worst_lse = 0;
+  for (int r = 0; r < pr.batch; ++r)
+    for (int s = 0; s < pr.s_q; ++s)
+      for (int h = 0; h < pr.h_q; ++h) {
+        const auto x = out_row(gpu, r, s, h), y = out_row(cpu, r, s, h);
+        const size_t li = (size_t(r) * pr.h_q + h) * pr.s_q + s;
+        const float lg = gpu.lse.ptr<float>()[li], lc = cpu.lse.ptr<float>()[li];
+        if (lc == -INFINITY) {
+          ASSERT_EQ(lg, -INFINITY) << "r=" << r << " s=" << s << " h=" << h;
+          for (int d = 0; d < 512; ++d) ASSERT_EQ(x[d], 0.0);
+          continue;
+        }
+        for (int d = 0; d < 512; ++d) ASSERT_TRUE(std::isfinite(x[d]));
+        worst = std::max(worst, cosine_distance(x, y.data(), 512));
+        worst_lse = std::max(worst_lse, std::fabs(double(lg) - double(lc)));
+      }
+  EXPECT_LT(worst, max_cos);
+  EXPECT_LT(worst_lse, max_lse);
+}
+
 }  // namespace kft
 #endif  // KF_TESTS_WITH_CUDA

@@ -546,8 +546,31 @@ TEST_P(SizeErrors, RejectedWithMessage) {
 INSTANTIATE_TEST_SUITE_P(Arg, SizeErrors, ::testing::ValuesIn(size_error_cases()),
                          [](const ::testing::TestParamInfo<SizeErrorCase>& i) { return std::string(i.param.name); });
 
-// KF_KERNEL_FAMILY, read once per process. The ctest KernelFamilyEnvUnknown runs this test with a
-// value the library does not know; the plain run, with it unset. CPU calls never read it; a CUDA
+// KF_KERNEL_FAMILY is read at every CUDA call, not once per process: changing it between calls
+// changes the answer (the GPU tests switch families this way). The value before the test comes
+// back at its end.
+TEST(KernelFamilyEnv, ReadAtEveryCall) {
+  if (kf_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const char* env = std::getenv("KF_KERNEL_FAMILY");
+  const std::string before = env == nullptr ? "" : env;
+  int w = 0;
+  setenv("KF_KERNEL_FAMILY", "sm75", 1);
+  EXPECT_EQ(kf_mla_default_num_workers_for_format(0, 16, 1, KF_KV_BF16, &w),
+            KF_ERROR_INVALID_ARGUMENT);
+  setenv("KF_KERNEL_FAMILY", "sm80", 1);
+  EXPECT_EQ(kf_mla_default_num_workers_for_format(0, 16, 1, KF_KV_BF16, &w), KF_SUCCESS)
+      << kf_last_error();
+  unsetenv("KF_KERNEL_FAMILY");
+  EXPECT_EQ(kf_mla_default_num_workers_for_format(0, 128, 1, KF_KV_BF16, &w), KF_SUCCESS)
+      << kf_last_error();
+  if (before.empty())
+    unsetenv("KF_KERNEL_FAMILY");
+  else
+    setenv("KF_KERNEL_FAMILY", before.c_str(), 1);
+}
+
+// KF_KERNEL_FAMILY, read at every CUDA call. The ctest KernelFamilyEnvUnknown runs this test with
+// a value the library does not know; the plain run, with it unset. CPU calls never read it; a CUDA
 // call with an unknown value fails naming it.
 TEST(KernelFamilyEnv, CudaCallsNameAnUnknownValue) {
   const char* env = std::getenv("KF_KERNEL_FAMILY");

@@ -4,12 +4,15 @@
 //   with and without KF_KERNEL_FAMILY=sm80;
 // - the portable family's decode instantiation (src/cuda/decode/decode_config.h): every row count
 //   the C API accepts, every cache format, with and without two 32-row blocks fitting an SM. The
-//   launch, the row-tile count and the default worker count all read it.
+//   launch, the row-tile count and the default worker count all read it;
+// - the sm_90a family's choice between its own kernel and the portable ones
+//   (src/cuda/decode/sm90a/decode_config_sm90a.h), with its row tiles.
 #include <gtest/gtest.h>
 
 #include <optional>
 
 #include "cuda/decode/decode_config.h"
+#include "cuda/decode/sm90a/decode_config_sm90a.h"
 #include "cuda/family.h"
 
 namespace {
@@ -98,6 +101,24 @@ constexpr int kDevices[] = {70, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121}
 std::optional<KernelFamily> pick(int cc, const BuildArchs& b,
                                  FamilyRequest r = FamilyRequest::kAuto) {
   return kf::cuda::pick_family(cc / 10, cc % 10, b, r);
+}
+
+// 16-bit caches above 16 rows run the sm_90a kernel in 64-row tiles; 16 rows or fewer and every
+// 8-bit cache run the portable kernels.
+TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
+  for (KvFormat f : kFormats) {
+    for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
+      const bool bits16 = f == KvFormat::kBF16 || f == KvFormat::kFP16;
+      EXPECT_EQ(kf::cuda::sm90a_kernel_runs(rows, f), bits16 && rows > 16)
+          << "rows " << rows << " format " << int(f);
+    }
+  }
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(17), 1);
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(64), 1);
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(65), 2);
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(128), 2);
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(256), 4);
+  EXPECT_EQ(kf::cuda::sm90a_row_tiles(kf::kMaxHeads * kf::kMaxSq), 32);
 }
 
 TEST(KernelFamily, ParsesWhatCMakePasses) {

@@ -10,9 +10,11 @@ import pytest
 import kernelflow as kf
 from graph_util import capture_graph
 from inputs import HEAD, LATENT, check_decode, make_case
+from kernel_family import kernel_family  # noqa: F401  (the fixture)
 from kernelflow import reference as ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs_torch]
+# Every test runs with both decode kernel families (kernel_family.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.needs_torch, pytest.mark.usefixtures("kernel_family")]
 
 KDL_CUDA = 2
 

@@ -7,8 +7,10 @@ import pytest
 
 import kernelflow as kf
 from inputs import LATENT, check_decode, make_case
+from kernel_family import kernel_family  # noqa: F401  (the fixture)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs_cupy]
+# Every test runs with both decode kernel families (kernel_family.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.needs_cupy, pytest.mark.usefixtures("kernel_family")]
 
 KDL_CUDA = 2
 

@@ -13,9 +13,11 @@ import pytest
 
 import kernelflow as kf
 from graph_util import capture_graph
+from kernel_family import kernel_family  # noqa: F401  (the fixture)
 from kernelflow import reference as ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.needs_torch]
+# Every test runs with both decode kernel families (kernel_family.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.needs_torch, pytest.mark.usefixtures("kernel_family")]
 
 HEAD, LATENT, BYTES_8BIT = ref.HEAD_DIM, ref.LATENT_DIM, 644
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)

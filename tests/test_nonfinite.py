@@ -36,7 +36,12 @@ BAD = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf}
 WORKERS = [1, 2, 4, 8, 132]
 FORMATS = ["fp8_e4m3", "int8"]
 DTYPES = ["float16", "bfloat16"]
-BACKENDS = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.needs_torch])]
+# "gpu": the device's best decode family; "gpu-sm80": KF_KERNEL_FAMILY=sm80, the portable one.
+BACKENDS = [
+    "cpu",
+    pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.needs_torch]),
+    pytest.param("gpu-sm80", marks=[pytest.mark.gpu, pytest.mark.needs_torch]),
+]
 
 # Request 1 is long (split over workers from 2 on), request 2 is empty, request 3 has one
 # position (with s_q = 2 its first query row sees nothing).
@@ -49,7 +54,7 @@ class Backend:
     """Moves NumPy arrays to the backend's device and back, bit for bit."""
 
     def __init__(self, name):
-        self.gpu = name == "gpu"
+        self.gpu = name.startswith("gpu")
 
     def put(self, a):
         a = np.ascontiguousarray(a)
@@ -74,7 +79,11 @@ class Backend:
 
 
 @pytest.fixture(params=BACKENDS)
-def be(request):
+def be(request, monkeypatch):
+    if request.param == "gpu-sm80":
+        monkeypatch.setenv("KF_KERNEL_FAMILY", "sm80")
+    else:
+        monkeypatch.delenv("KF_KERNEL_FAMILY", raising=False)
     return Backend(request.param)
 
 

@@ -18,17 +18,17 @@ namespace {
 __global__ void portable_family_probe() {}
 
 constexpr int kMaxDevices = 64;
-std::atomic<signed char> g_known[kMaxDevices] = {};  // 0: not asked yet; else 1 + the family
+constexpr int kRequests = 2;  // FamilyRequest values
+// Per device and request: 0 not asked yet, else 1 + the family.
+std::atomic<signed char> g_known[kMaxDevices][kRequests] = {};
 
-cudaError_t find_family(int device, KernelFamily* family) {
-  const std::optional<FamilyRequest> request = parse_family_request(switch_kernel_family());
-  if (!request) return cudaErrorInvalidValue;
+cudaError_t find_family(int device, FamilyRequest request, KernelFamily* family) {
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
-  const std::optional<KernelFamily> f = pick_family(major, minor, build_archs(), *request);
+  const std::optional<KernelFamily> f = pick_family(major, minor, build_archs(), request);
   if (!f) return cudaErrorNoKernelImageForDevice;
   // Every entry point also runs portable kernels (metadata, combine, cache writes), and sm_90a
   // SASS always runs on the 9.0 device pick_family gives it to: the portable probe answers.
@@ -47,17 +47,20 @@ const BuildArchs& build_archs() {
 }
 
 cudaError_t device_family(int device, KernelFamily* family) {
+  const std::optional<FamilyRequest> request = parse_family_request(switch_kernel_family());
+  if (!request) return cudaErrorInvalidValue;
+  const int ri = static_cast<int>(*request);
   const bool cached = device >= 0 && device < kMaxDevices;
   if (cached) {
-    const signed char k = g_known[device].load(std::memory_order_relaxed);
+    const signed char k = g_known[device][ri].load(std::memory_order_relaxed);
     if (k != 0) {
       *family = KernelFamily(k - 1);
       return cudaSuccess;
     }
   }
-  const cudaError_t err = find_family(device, family);
+  const cudaError_t err = find_family(device, *request, family);
   if (err == cudaSuccess && cached)
-    g_known[device].store(static_cast<signed char>(1 + int(*family)), std::memory_order_relaxed);
+    g_known[device][ri].store(static_cast<signed char>(1 + int(*family)), std::memory_order_relaxed);
   return err;
 }
 

@@ -1,5 +1,5 @@
 // The run-time switches of the CUDA backend: the one place the library reads its environment,
-// each variable once per process. For tests, A/B timings and tools; docs/design.md ("Run-time
+// each variable once per process (KF_KERNEL_FAMILY: at every call, see below). For tests, A/B timings and tools; docs/design.md ("Run-time
 // switches") lists them. A flag is on when set to anything not starting with '0'.
 #pragma once
 
@@ -28,13 +28,14 @@ inline bool switch_decode_64_row_tiles() {
 }
 
 // KF_KERNEL_FAMILY's value ("" when unset): "sm80" runs the portable family everywhere, "" or
-// "auto" picks per device (cuda/family.h parses it).
-inline const std::string& switch_kernel_family() {
-  static const std::string value = [] {
-    const char* v = std::getenv("KF_KERNEL_FAMILY");
-    return std::string(v == nullptr ? "" : v);
-  }();
-  return value;
+// "auto" picks per device (cuda/family.h parses it). Unlike the other switches it is read at
+// every CUDA call, not once per process: a test process runs both families by setting it between
+// calls (os.environ in Python, setenv in C++; cuda/family.cu keeps one answer per device and
+// value). Set it before starting threads that call the library: getenv does not synchronize
+// with setenv.
+inline std::string switch_kernel_family() {
+  const char* v = std::getenv("KF_KERNEL_FAMILY");
+  return std::string(v == nullptr ? "" : v);
 }
 
 }  // namespace kf::cuda

@@ -19,5 +19,9 @@ struct DecodeFamily {
 
 // The portable family: src/cuda/decode/sm80/decode_family_sm80.cu.
 extern const DecodeFamily kDecodeSm80;
+// The sm_90a family (built when 90 is among the architectures, KF_SM90A_FAMILY):
+// src/cuda/decode/sm90a/decode_family_sm90a.cu; it runs the portable kernels for the shapes its
+// own kernel does not cover.
+extern const DecodeFamily kDecodeSm90a;
 
 }  // namespace kf::cuda

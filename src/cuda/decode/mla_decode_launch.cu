@@ -13,13 +13,18 @@ namespace {
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// The decode kernels of each family. A family without its own decode kernels runs the portable
-// ones (sm_90a has none yet).
+// The decode kernels of each family. A build without the sm_90a family never picks it
+// (pick_family); the portable kernels are the answer there all the same.
 const DecodeFamily& decode_family(KernelFamily f) {
   switch (f) {
     case KernelFamily::kSm80:
-    case KernelFamily::kSm90a:
       return kDecodeSm80;
+    case KernelFamily::kSm90a:
+#if KF_SM90A_FAMILY
+      return kDecodeSm90a;
+#else
+      return kDecodeSm80;
+#endif
   }
   return kDecodeSm80;
 }

@@ -1,0 +1,260 @@
+// The sm_90a decode family (src/cuda/decode/sm90a/) against the CPU backend and the float64
+// reference, next to the portable family on the same inputs: bf16 and fp16, pages of 16, 32 and
+// 64 tokens (scattered, NaN in every unused slot), h_q 16, 64 and 128, s_q 1 and 2, lengths from 0
+// to several 64-token tiles (most not multiples of 64), workers with one piece up to workers with
+// more pieces than a block stages at once; s_q up to 16 (causal, requests shorter than s_q);
+// bit-identical reruns and graph replay. Skips with the reason where the device or the build has
+// no sm_90a family (it needs compute capability 9.0 and a build for 90). h_q 16 with s_q 1 runs the portable M16 kernel in both families (the sm_90a
+// family's explicit choice, decode_family_sm90a.cu); every other case runs the wgmma kernel.
+#include "gpu_util.h"
+
+using namespace kft;
+
+namespace {
+
+#if KF_TESTS_WITH_CUDA
+
+// KF_KERNEL_FAMILY for the scope of one check ("" unsets it: the device's best family). The
+// library reads it at every CUDA call; the previous value comes back at the end of the scope.
+class FamilyScope {
+ public:
+  explicit FamilyScope(const char* value) {
+    const char* prev = std::getenv("KF_KERNEL_FAMILY");
+    had_ = prev != nullptr;
+    if (had_) prev_ = prev;
+    set(value);
+  }
+  ~FamilyScope() { set(had_ ? prev_.c_str() : ""); }
+  FamilyScope(const FamilyScope&) = delete;
+  FamilyScope& operator=(const FamilyScope&) = delete;
+
+ private:
+  static void set(const char* value) {
+    if (value[0] == '\0')
+      unsetenv("KF_KERNEL_FAMILY");
+    else
+      setenv("KF_KERNEL_FAMILY", value, 1);
+  }
+  bool had_ = false;
+  std::string prev_;
+};
+
+// Why the sm_90a family does not run here ("" when it does): it needs a 9.0 device and a build
+// whose architectures include 90 (kf_build_info() then lists "90a").
+std::string sm90a_missing() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    return "the device's compute capability could not be read";
+  if (major != 9 || minor != 0)
+    return "device 0 is sm_" + std::to_string(major * 10 + minor) + ", the sm_90a family runs on sm_90";
+  if (std::string(kf_build_info()).find(" 90a") == std::string::npos)
+    return std::string("this build has no sm_90a family (") + kf_build_info() + ")";
+  return "";
+}
+
+#define KF_REQUIRE_SM90A()                                   \
+  do {                                                       \
+    const std::string why = sm90a_missing();                 \
+    if (!why.empty()) GTEST_SKIP() << why;                   \
+  } while (0)
+
+// Lengths 0 .. several tiles: empty, shorter than a page, a tile's edges, not multiples of 64.
+const std::vector<int> kLengths = {0, 1, 63, 64, 65, 130, 200, 511, 777, 1000};
+
+// Decode `pr` on the device with the family `family` asks for; results into `res`.
+void decode_with(const char* family, const Problem& pr, DeviceProblem& dev, Built& res) {
+  FamilyScope scope(family);
+  ASSERT_EQ(dev.step(pr, pr.bf16 ? KF_KV_BF16 : KF_KV_FP16), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(dev.download_results(res));
+}
+
+// A second decode of the same inputs, with out and lse poisoned in between, gives the same bits.
+void expect_rerun_identical(const Problem& pr, DeviceProblem& dev, Built& res) {
+  const auto out1 = res.out.snapshot(), lse1 = res.lse.snapshot();
+  res.out.fill<uint16_t>(nan_16(pr.bf16));
+  res.lse.fill<float>(std::numeric_limits<float>::quiet_NaN());
+  CUDA_OK(dev.out.upload(res.out));
+  CUDA_OK(dev.lse.upload(res.lse));
+  ASSERT_EQ(dev.decode(pr, pr.bf16 ? KF_KV_BF16 : KF_KV_FP16), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(dev.download_results(res));
+  EXPECT_EQ(out1, res.out.snapshot()) << "rerun changed out";
+  EXPECT_EQ(lse1, res.lse.snapshot()) << "rerun changed lse";
+}
+
+#endif  // KF_TESTS_WITH_CUDA
+
+struct Sm90aCase {
+  bool bf16;
+  int page_size, h_q, s_q;
+};
+std::string case_name(const Sm90aCase& c) {
+  return std::string(c.bf16 ? "Bf16" : "Fp16") + "Page" + std::to_string(c.page_size) + "Hq" +
+         std::to_string(c.h_q) + "Sq" + std::to_string(c.s_q);
+}
+void PrintTo(const Sm90aCase& c, std::ostream* os) { *os << case_name(c); }
+
+class GpuSm90aDecode : public ::testing::TestWithParam<Sm90aCase> {};
+
+// Per worker count (the default, 1: every request on one block, two rounds of pieces; 5: split
+// requests): the CPU backend's result, then the portable family and the sm_90a family against
+// it, the sm_90a rerun bit for bit, and the sm_90a result against float64 (default workers).
+TEST_P(GpuSm90aDecode, MatchesCpuBackendLikeThePortableFamily) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  const Sm90aCase& c = GetParam();
+  auto rng = test_rng();
+  Problem pr;
+  pr.bf16 = c.bf16;
+  pr.page_size = c.page_size;
+  pr.h_q = c.h_q;
+  pr.s_q = c.s_q;
+  pr.batch = int(kLengths.size());
+  pr.seqlens = kLengths;
+  std::shuffle(pr.seqlens.begin(), pr.seqlens.end(), rng);
+  int default_workers = 0;
+  ASSERT_EQ(kf_mla_default_num_workers_for_format(0, c.h_q, c.s_q, KF_KV_BF16, &default_workers),
+            KF_SUCCESS)
+      << kf_last_error();
+  for (int workers : {default_workers, 1, 5}) {
+    SCOPED_TRACE("num_workers " + std::to_string(workers));
+    pr.num_workers = workers;
+    Built cpu = build_problem(pr, rng);  // NaN padding, scattered pages
+    DeviceProblem dev(cpu);
+    ASSERT_TRUE(dev.ok());
+    ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
+    Built res = build_problem(pr, rng);  // host buffers of the same shapes for the results
+    {
+      SCOPED_TRACE("KF_KERNEL_FAMILY=sm80");
+      decode_with("sm80", pr, dev, res);
+      expect_close_to(res, cpu);
+    }
+    SCOPED_TRACE("sm_90a family");
+    decode_with("", pr, dev, res);
+    expect_close_to(res, cpu);
+    expect_rerun_identical(pr, dev, res);
+    if (workers == default_workers) {
+      CUDA_OK(dev.download_results(cpu));  // the sm_90a result beside the inputs it came from
+      expect_matches_reference(cpu);
+    }
+  }
+#endif
+}
+
+std::vector<Sm90aCase> sm90a_cases() {
+  std::vector<Sm90aCase> v;
+  for (bool bf16 : {true, false})
+    for (int page : {16, 32, 64})
+      for (int h_q : {16, 64, 128})
+        for (int s_q : {1, 2}) v.push_back({bf16, page, h_q, s_q});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuSm90aDecode, ::testing::ValuesIn(sm90a_cases()),
+                         [](const ::testing::TestParamInfo<Sm90aCase>& i) {
+                           return case_name(i.param);
+                         });
+
+// A long request split over many workers, with h_q 128 and s_q 2 (256 rows, 4 row tiles): the
+// partials and the combine, against the CPU backend.
+TEST(GpuSm90aDecodeSplit, LongRequestsMatchCpuBackend) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 3;
+  pr.h_q = 128;
+  pr.s_q = 2;
+  pr.num_workers = 132;
+  pr.seqlens = {9000, 4097, 33};
+  Built cpu = build_problem(pr, rng);
+  DeviceProblem dev(cpu);
+  ASSERT_TRUE(dev.ok());
+  ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
+  Built res = build_problem(pr, rng);
+  decode_with("", pr, dev, res);
+  expect_close_to(res, cpu);
+  CUDA_OK(dev.download_results(cpu));
+  expect_matches_reference(cpu);
+#endif
+}
+
+// Causal decodes of many query tokens (s_q up to 16: up to 2048 rows, 32 row tiles), with
+// requests shorter than s_q (their first rows see nothing), against the CPU backend and float64.
+TEST(GpuSm90aDecodeCausal, ManyQueryTokensMatchCpuBackend) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  struct Shape {
+    int h_q, s_q;
+  };
+  for (const Shape sh : {Shape{16, 16}, Shape{128, 4}, Shape{8, 3}, Shape{128, 16}}) {
+    SCOPED_TRACE("h_q " + std::to_string(sh.h_q) + " s_q " + std::to_string(sh.s_q));
+    auto rng = test_rng(uint64_t(sh.h_q) * 100 + sh.s_q);
+    Problem pr;
+    pr.batch = 5;
+    pr.h_q = sh.h_q;
+    pr.s_q = sh.s_q;
+    pr.page_size = 32;
+    pr.num_workers = 20;
+    pr.seqlens = {0, 2, 15, 64, 300};
+    Built cpu = build_problem(pr, rng);
+    DeviceProblem dev(cpu);
+    ASSERT_TRUE(dev.ok());
+    ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
+    Built res = build_problem(pr, rng);
+    decode_with("", pr, dev, res);
+    expect_close_to(res, cpu);
+    CUDA_OK(dev.download_results(cpu));
+    expect_matches_reference(cpu);
+  }
+#endif
+}
+
+// A CUDA graph captured with the sm_90a kernel, replayed with new lengths, equals an eager run.
+TEST(GpuSm90aDecodeGraph, ReplayWithNewLengthsMatchesEager) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  FamilyScope scope("");
+  auto rng = test_rng();
+  Problem pr;
+  pr.batch = 4;
+  pr.h_q = 128;
+  pr.s_q = 1;
+  pr.num_workers = 40;
+  pr.seqlens = {900, 900, 900, 900};
+  Built b = build_problem(pr, rng);
+  DeviceProblem dev(b);
+  ASSERT_TRUE(dev.ok());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const kf_status captured = dev.step(pr, KF_KV_BF16, nullptr, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(captured, KF_SUCCESS) << kf_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < pr.batch; ++r) b.cache_seqlens.ptr<int32_t>()[r] = 70 + 250 * r;
+  CUDA_OK(dev.cache_seqlens.upload(b.cache_seqlens));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(dev.download_results(b));
+  const auto out_graph = b.out.snapshot(), lse_graph = b.lse.snapshot();
+  ASSERT_EQ(dev.step(pr, KF_KV_BF16, nullptr, stream), KF_SUCCESS) << kf_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(dev.download_results(b));
+  EXPECT_EQ(out_graph, b.out.snapshot());
+  EXPECT_EQ(lse_graph, b.lse.snapshot());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+#endif
+}
+
+}  // namespace

@@ -1,0 +1,24 @@
+// Which calls the sm_90a decode family runs with its own kernel, and that kernel's row tiles:
+// host code with no CUDA dependency, so the CPU tests check the rule
+// (cpp_tests/test_decode_config.cpp). decode_family_sm90a.cu runs the portable kernels for the
+// rest, and gives their row tiles and blocks per SM for those calls.
+#pragma once
+
+#include "core/mla_shape.h"
+#include "cuda/decode/sm80/mla_decode_traits.h"
+#include "cuda/decode/sm90a/mla_decode_sm90a_traits.h"
+
+namespace kf::cuda {
+
+// 16-bit caches with more than 16 query rows (s_q * h_q). Up to 16 rows (h_q 16, s_q 1) the
+// decode is bound by the cache read, where the portable M16 kernel already reads at the device's
+// ceiling and a 64-row wgmma tile would compute four times the rows; 8-bit caches have no sm_90a
+// kernel yet.
+inline bool sm90a_kernel_runs(int num_rows, KvFormat kv_format) {
+  return !is_8bit(kv_format) && num_rows > MlaTraitsM16::kBlockM;
+}
+
+// Blocks along the row axis of the sm_90a kernel for num_rows rows.
+inline int sm90a_row_tiles(int num_rows) { return ceil_div(num_rows, MlaSm90aTraits::kBlockM); }
+
+}  // namespace kf::cuda

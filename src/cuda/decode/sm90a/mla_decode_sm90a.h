@@ -1,0 +1,21 @@
+// The instantiated sm_90a decode kernels (16-bit caches: bf16 and fp16), one per .cu file so a
+// small machine builds them in parallel. Defined in mla_decode_sm90a.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "core/params.h"
+
+namespace kf::cuda {
+
+// Launch the decode of validated params (q dtype T, a cache in q's dtype) on `stream`.
+template <typename T>
+cudaError_t run_mla_decode_sm90a(const MlaDecodeParams& p, cudaStream_t stream);
+
+extern template cudaError_t run_mla_decode_sm90a<__nv_bfloat16>(const MlaDecodeParams&,
+                                                                cudaStream_t);
+extern template cudaError_t run_mla_decode_sm90a<__half>(const MlaDecodeParams&, cudaStream_t);
+
+}  // namespace kf::cuda

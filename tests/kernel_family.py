@@ -1,0 +1,21 @@
+"""Both decode kernel families in one test process: the `kernel_family` fixture runs a test once
+with KF_KERNEL_FAMILY unset ("auto": the device's best family, the sm_90a kernels on an H200 with
+a build for 90) and once with KF_KERNEL_FAMILY=sm80 (the portable kernels everywhere). The
+library reads KF_KERNEL_FAMILY at every CUDA call (src/cuda/common/switches.h), so setting it
+between calls switches the family. A module uses it with
+`pytestmark = [..., pytest.mark.usefixtures("kernel_family")]` after importing it."""
+
+from __future__ import annotations
+
+import pytest
+
+FAMILIES = ["auto", "sm80"]
+
+
+@pytest.fixture(params=FAMILIES)
+def kernel_family(request, monkeypatch):
+    if request.param == "auto":
+        monkeypatch.delenv("KF_KERNEL_FAMILY", raising=False)
+    else:
+        monkeypatch.setenv("KF_KERNEL_FAMILY", request.param)
+    return request.param
