@@ -174,8 +174,8 @@ TEST(KernelFamily, OneArchitectureBuilds) {
   EXPECT_EQ(pick(100, b90), KernelFamily::kSm80);
 }
 
-// The sm_90a family runs on compute capability 9.0 alone (arch-specific SASS, no PTX), and
-// KF_KERNEL_FAMILY=sm80 keeps the portable family there too.
+// The sm_90a family runs on compute capability 9.0 alone (arch-specific SASS, no PTX) and only
+// when asked for (KF_KERNEL_FAMILY=sm90a); the default and sm80 run the portable family.
 TEST(KernelFamily, Sm90aOnlyOnSm90) {
   const BuildArchs b = kf::cuda::parse_build_archs("80 86 89 90 90a");
   for (int cc : kDevices) {
@@ -185,8 +185,11 @@ TEST(KernelFamily, Sm90aOnlyOnSm90) {
       EXPECT_FALSE(f.has_value());
       continue;
     }
-    EXPECT_EQ(f, cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);
+    EXPECT_EQ(f, KernelFamily::kSm80);
     EXPECT_EQ(pick(cc, b, FamilyRequest::kSm80), KernelFamily::kSm80);
+    EXPECT_EQ(pick(cc, b, FamilyRequest::kSm90a), cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);
+    EXPECT_EQ(pick(cc, kf::cuda::parse_build_archs("80 86 89 90"), FamilyRequest::kSm90a),
+              KernelFamily::kSm80);
   }
 }
 
@@ -194,7 +197,8 @@ TEST(KernelFamily, EnvironmentRequest) {
   EXPECT_EQ(kf::cuda::parse_family_request(""), FamilyRequest::kAuto);
   EXPECT_EQ(kf::cuda::parse_family_request("auto"), FamilyRequest::kAuto);
   EXPECT_EQ(kf::cuda::parse_family_request("sm80"), FamilyRequest::kSm80);
-  for (const char* bad : {"sm90a", "SM80", "sm_80", "0", "portable"})
+  EXPECT_EQ(kf::cuda::parse_family_request("sm90a"), FamilyRequest::kSm90a);
+  for (const char* bad : {"SM90A", "SM80", "sm_80", "0", "portable"})
     EXPECT_FALSE(kf::cuda::parse_family_request(bad).has_value()) << bad;
 }
 

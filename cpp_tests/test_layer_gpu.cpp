@@ -1258,11 +1258,12 @@ void run_graph_case(int q_lora, kf::KvFormat fmt) {
     const size_t page_bytes = cache_bytes / num_pages;
     for (size_t l = 0; l < dev_cache.size(); ++l) {
       const std::vector<uint8_t> now = dev_cache[l]->read();
-      for (int pg = 0; pg < num_pages; ++pg)
-        if (!used[pg])
-          ASSERT_TRUE(std::equal(now.begin() + pg * page_bytes, now.begin() + (pg + 1) * page_bytes,
-                                 before[l].begin() + pg * page_bytes))
-              << "layer " << l << " page " << pg;
+      for (int pg = 0; pg < num_pages; ++pg) {
+        if (used[pg]) continue;
+        ASSERT_TRUE(std::equal(now.begin() + pg * page_bytes, now.begin() + (pg + 1) * page_bytes,
+                               before[l].begin() + pg * page_bytes))
+            << "layer " << l << " page " << pg;
+      }
     }
   }
   CUDA_OK(dlen.put(good_len));

@@ -14,7 +14,7 @@ namespace {
 
 #if KF_TESTS_WITH_CUDA
 
-// KF_KERNEL_FAMILY for the scope of one check ("" unsets it: the device's best family). The
+// KF_KERNEL_FAMILY for the scope of one check ("" unsets it: the default family). The
 // library reads it at every CUDA call; the previous value comes back at the end of the scope.
 class FamilyScope {
  public:
@@ -133,7 +133,7 @@ TEST_P(GpuSm90aDecode, MatchesCpuBackendLikeThePortableFamily) {
       expect_close_to(res, cpu);
     }
     SCOPED_TRACE("sm_90a family");
-    decode_with("", pr, dev, res);
+    decode_with("sm90a", pr, dev, res);
     expect_close_to(res, cpu);
     expect_rerun_identical(pr, dev, res);
     if (workers == default_workers) {
@@ -176,7 +176,7 @@ TEST(GpuSm90aDecodeSplit, LongRequestsMatchCpuBackend) {
   ASSERT_TRUE(dev.ok());
   ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
   Built res = build_problem(pr, rng);
-  decode_with("", pr, dev, res);
+  decode_with("sm90a", pr, dev, res);
   expect_close_to(res, cpu);
   CUDA_OK(dev.download_results(cpu));
   expect_matches_reference(cpu);
@@ -207,7 +207,7 @@ TEST(GpuSm90aDecodeCausal, ManyQueryTokensMatchCpuBackend) {
     ASSERT_TRUE(dev.ok());
     ASSERT_EQ(run_decode(cpu), KF_SUCCESS) << kf_last_error();
     Built res = build_problem(pr, rng);
-    decode_with("", pr, dev, res);
+    decode_with("sm90a", pr, dev, res);
     expect_close_to(res, cpu);
     CUDA_OK(dev.download_results(cpu));
     expect_matches_reference(cpu);

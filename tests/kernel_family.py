@@ -1,6 +1,7 @@
 """Both decode kernel families in one test process: the `kernel_family` fixture runs a test once
-with KF_KERNEL_FAMILY unset ("auto": the device's best family, the sm_90a kernels on an H200 with
-a build for 90) and once with KF_KERNEL_FAMILY=sm80 (the portable kernels everywhere). The
+with KF_KERNEL_FAMILY unset ("auto": the default, the portable kernels) and once with
+KF_KERNEL_FAMILY=sm90a (the sm_90a kernels on an H200 with a build for 90; the portable kernels
+on other devices). The
 library reads KF_KERNEL_FAMILY at every CUDA call (src/cuda/common/switches.h), so setting it
 between calls switches the family. A module uses it with
 `pytestmark = [..., pytest.mark.usefixtures("kernel_family")]` after importing it."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-FAMILIES = ["auto", "sm80"]
+FAMILIES = ["auto", "sm90a"]
 
 
 @pytest.fixture(params=FAMILIES)

@@ -36,11 +36,12 @@ BAD = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf}
 WORKERS = [1, 2, 4, 8, 132]
 FORMATS = ["fp8_e4m3", "int8"]
 DTYPES = ["float16", "bfloat16"]
-# "gpu": the device's best decode family; "gpu-sm80": KF_KERNEL_FAMILY=sm80, the portable one.
+# "gpu": the default (portable) decode family; "gpu-sm90a": KF_KERNEL_FAMILY=sm90a, the sm_90a
+# family where the device and build have it.
 BACKENDS = [
     "cpu",
     pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.needs_torch]),
-    pytest.param("gpu-sm80", marks=[pytest.mark.gpu, pytest.mark.needs_torch]),
+    pytest.param("gpu-sm90a", marks=[pytest.mark.gpu, pytest.mark.needs_torch]),
 ]
 
 # Request 1 is long (split over workers from 2 on), request 2 is empty, request 3 has one
@@ -80,8 +81,8 @@ class Backend:
 
 @pytest.fixture(params=BACKENDS)
 def be(request, monkeypatch):
-    if request.param == "gpu-sm80":
-        monkeypatch.setenv("KF_KERNEL_FAMILY", "sm80")
+    if request.param == "gpu-sm90a":
+        monkeypatch.setenv("KF_KERNEL_FAMILY", "sm90a")
     else:
         monkeypatch.delenv("KF_KERNEL_FAMILY", raising=False)
     return Backend(request.param)

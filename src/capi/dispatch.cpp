@@ -91,7 +91,7 @@ kf_status check_family(const Device& dev, const char* what) {
   if (!kf::cuda::parse_family_request(request))
     return fail(KF_ERROR_INVALID_ARGUMENT,
                 "KF_KERNEL_FAMILY=%s in the environment: expected sm80 (the portable kernels on "
-                "every device) or auto, or unset",
+                "every device), sm90a (the Hopper kernels on sm_90), or auto, or unset",
                 request.c_str());
   kf::cuda::KernelFamily family;
   const cudaError_t e = kf::cuda::device_family(dev.id, &family);

@@ -18,7 +18,7 @@ namespace {
 __global__ void portable_family_probe() {}
 
 constexpr int kMaxDevices = 64;
-constexpr int kRequests = 2;  // FamilyRequest values
+constexpr int kRequests = 3;  // FamilyRequest values
 // Per device and request: 0 not asked yet, else 1 + the family.
 std::atomic<signed char> g_known[kMaxDevices][kRequests] = {};
 
