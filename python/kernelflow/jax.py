@@ -49,7 +49,8 @@ try:
 except ImportError as e:
     raise ImportError(
         "kernelflow.jax: this kernelflow build has no JAX entry (the extension "
-        "kernelflow._jax_ffi was not built: CMake found no JAX FFI headers when it configured). "
+        "kernelflow._jax_ffi was not built: CMake found no JAX FFI headers when it configured, "
+        "or KF_WITH_JAX was OFF). "
         "Install jax into the Python that builds kernelflow and rebuild: `pip install jax` then "
         "`pip install --no-build-isolation .`, or rerun CMake with -DKF_JAX_FFI_INCLUDE_DIR="
         "<the folder jax.ffi.include_dir() prints>"
