@@ -260,3 +260,90 @@ _CONVERT = _define("convert_cache(Tensor src, str kv_format) -> Tensor", _conver
 def convert_cache(src: Tensor, kv_format: str = "fp8_e4m3") -> Tensor:
     """kernelflow.convert_cache as a custom op: a new uint8 [num_pages, page_size, 644] cache."""
     return _CONVERT(src, kv_format)
+
+
+# --- the layer graph ----------------------------------------------------------------------------
+
+# The buffers a launch reads that change between steps, and those it writes, in the op's order.
+_LAYER_READS = ("hidden", "positions", "cache_seqlens", "block_table")
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _check_like(given: Tensor, own, name: str) -> None:
+    """`given` must have the shape, dtype and device of the graph's buffer `own`."""
+    if (tuple(given.shape) != tuple(own.shape) or given.dtype != own.dtype
+            or given.device != own.device):
+        raise ValueError(f"{name}: expected the graph's {name} ({own.dtype} {list(own.shape)} on "
+                         f"{own.device}), got {given.dtype} {list(given.shape)} on {given.device}")
+
+
+def _layer_pairs(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                 error_buffer):
+    """(tensor given to the op, the graph's own buffer, name) for every buffer of the launch:
+    first those it reads, then those it writes (the caches are both)."""
+    if len(kv_caches) != len(graph.kv_caches):
+        raise ValueError(f"kv_caches: expected {len(graph.kv_caches)} caches (one per layer), got "
+                         f"{len(kv_caches)}")
+    if (error_buffer is None) != (graph.error_buffer is None):
+        raise ValueError("error_buffer: expected the graph's error buffer"
+                         + (" (it has none)" if graph.error_buffer is None else ", got None"))
+    reads = [(t, getattr(graph, name), name) for t, name in
+             zip((hidden, positions, cache_seqlens, block_table), _LAYER_READS)]
+    caches = [(t, own, f"kv_caches[{i}]") for i, (t, own) in
+              enumerate(zip(kv_caches, graph.kv_caches))]
+    writes = [(output, graph.output, "output")]
+    if error_buffer is not None:
+        writes.append((error_buffer, graph.error_buffer, "error_buffer"))
+    for given, own, name in reads + caches + writes:
+        _check_like(given, own, name)
+    return reads + caches, caches + writes
+
+
+def _launch_layer_kernel(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                         error_buffer):
+    """DecodeGraph.launch on the current stream. The graph reads and writes its own buffers; a
+    compiled graph may hand the op copies of them (functionalization clones what an op
+    mutates), so a copy is loaded into the graph's buffer before the launch and the results
+    copied back to it after."""
+    decode_graph = _layer.graph_by_id(graph)
+    read, written = _layer_pairs(decode_graph, hidden, positions, cache_seqlens, block_table,
+                                 output, kv_caches, error_buffer)
+    for given, own, _ in read:
+        if not _same_memory(given, own):
+            own.copy_(given)
+    decode_graph.launch()
+    for given, own, _ in written:
+        if not _same_memory(given, own):
+            given.copy_(own)
+    _written(output, error_buffer, *kv_caches)
+
+
+def _launch_layer_fake(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                       error_buffer):
+    _layer_pairs(_layer.graph_by_id(graph), hidden, positions, cache_seqlens, block_table,
+                 output, kv_caches, error_buffer)
+
+
+_LAUNCH_LAYER = _define(
+    "launch_layer_graph(int graph, Tensor hidden, Tensor positions, Tensor cache_seqlens, "
+    "Tensor block_table, Tensor(a!) output, Tensor(b!)[] kv_caches, Tensor(c!)? error_buffer) "
+    "-> ()", _launch_layer_kernel, _launch_layer_fake)
+
+
+def launch_layer_graph(graph: _layer.DecodeGraph) -> None:
+    """graph.launch() as a custom op, on the current stream: one decoding step of every layer of
+    a kernelflow.DecodeGraph made from torch tensors. The op reads the graph's hidden,
+    positions, cache_seqlens and block_table and writes its output, kv_caches and error_buffer,
+    so a compiled step orders it after the writes to its inputs and before the reads of its
+    results. The weights and the cos/sin table are read as they are when it runs."""
+    if not isinstance(graph, _layer.DecodeGraph):
+        raise TypeError(f"graph: expected a kernelflow.DecodeGraph, got {type(graph).__name__}")
+    if not isinstance(graph.hidden, Tensor):
+        raise TypeError(f"graph: made from {type(graph.hidden).__module__} arrays; the torch op "
+                        "needs one made from torch tensors")
+    _LAUNCH_LAYER(graph.id, graph.hidden, graph.positions, graph.cache_seqlens,
+                  graph.block_table, graph.output, graph.kv_caches, graph.error_buffer)
