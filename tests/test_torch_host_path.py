@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 import kernelflow as kf  # noqa: E402
 from kernelflow import mla  # noqa: E402
 from inputs import check_decode, make_case  # noqa: E402
+from test_torch_ops import bits_equal  # noqa: E402
 
 pytestmark = pytest.mark.needs_torch
 
@@ -39,11 +40,6 @@ def no_checked_path(monkeypatch):
 
     for name in ("_decode_checked", "_metadata_checked", "_append_checked"):
         monkeypatch.setattr(mla, name, refuse)
-
-
-def bits_equal(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def checked_decode(q, cache, bt, sl, meta, scale, **kw):

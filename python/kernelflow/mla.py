@@ -224,12 +224,27 @@ def _check_q_fits(dims, q, cache_seqlens, metadata) -> None:
 
 
 # The torch paths (_metadata_torch, _decode_torch, _append_torch) hand plain torch tensors to
-# the C API, which checks every argument. When it refuses one (these exception types), the call
-# is made again through the checked path, which raises the error in the caller's terms. A
-# refused call has written nothing, so the second attempt sees the same state.
+# the C API, which checks every argument, and skip the Python checks. When a call fails (these
+# exception types), it is made again through the checked path, which raises the error in the
+# caller's terms: the C API checks everything before it writes anything, so the second attempt
+# sees the same state (a CUDA error is met, and reported, again).
 _REFUSED = (ValueError, TypeError, RuntimeError)
 _FORMAT_CODE_OF_DTYPE = {dtype: KV_FORMATS[fmt] for dtype, fmt in _FORMAT_OF_DTYPE.items()}
 _WORKSPACE_ALIGN = 256  # bytes: the C API's workspace rule
+
+
+def _torch_first(kit, torch_path, checked_path, *args):
+    """torch_path(kit, *args) when kit is not None (the call's main tensor is a plain torch
+    tensor) and that path applies and succeeds; checked_path(*args) otherwise, which names the
+    cause of a refusal in the caller's terms."""
+    if kit is not None:
+        try:
+            done = torch_path(kit, *args)
+        except _REFUSED:
+            done = None
+        if done is not None:
+            return done
+    return checked_path(*args)
 
 
 def _torch_or_none(kit, *arrays) -> bool:
@@ -274,17 +289,8 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     serves ('bf16', 'fp16', 'fp8_e4m3', 'int8'): 8-bit pieces cost more to start, so their
     schedule splits less. Metadata made for another format is still correct, only less
     balanced."""
-    kit = fw.torch_kit(cache_seqlens)
-    if kit is not None:
-        try:
-            done = _metadata_torch(kit, cache_seqlens, num_heads_q, s_q, num_workers, stream,
-                                   out, kv_format)
-        except _REFUSED:
-            done = None  # the checked path below finds the cause and names it
-        if done is not None:
-            return done
-    return _metadata_checked(cache_seqlens, num_heads_q, s_q, num_workers, stream, out,
-                             kv_format)
+    return _torch_first(fw.torch_kit(cache_seqlens), _metadata_torch, _metadata_checked,
+                        cache_seqlens, num_heads_q, s_q, num_workers, stream, out, kv_format)
 
 
 def _metadata_checked(cache_seqlens, num_heads_q, s_q, num_workers, stream, out, kv_format):
@@ -362,18 +368,9 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
     new_error_buffer) receives flags for bad device-side values. The stream defaults to the
     current stream of q's framework (0 otherwise).
     """
-    kit = fw.torch_kit(q)
-    if kit is not None:
-        try:
-            done = _decode_torch(kit, q, kv_cache, block_table, cache_seqlens, metadata,
-                                 softmax_scale, kv_format, out, lse, workspace, error_buffer,
-                                 stream)
-        except _REFUSED:
-            done = None  # the checked path below finds the cause and names it
-        if done is not None:
-            return done
-    return _decode_checked(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
-                           kv_format, out, lse, workspace, error_buffer, stream)
+    return _torch_first(fw.torch_kit(q), _decode_torch, _decode_checked, q, kv_cache,
+                        block_table, cache_seqlens, metadata, softmax_scale, kv_format, out, lse,
+                        workspace, error_buffer, stream)
 
 
 def _decode_checked(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
@@ -456,16 +453,8 @@ def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, 
     """Write rows kv[n, 576] into the paged cache in place: row i goes to slot
     slot_mapping[i] = page * page_size + offset (int64; negative means skip). 8-bit formats
     quantize on the fly; kv_format is inferred from a bfloat16/float16 cache."""
-    kit = fw.torch_kit(kv_cache)
-    if kit is not None:
-        try:
-            done = _append_torch(kit, kv, kv_cache, slot_mapping, kv_format, error_buffer,
-                                 stream)
-        except _REFUSED:
-            done = None  # the checked path below finds the cause and names it
-        if done is not None:
-            return done
-    return _append_checked(kv, kv_cache, slot_mapping, kv_format, error_buffer, stream)
+    return _torch_first(fw.torch_kit(kv_cache), _append_torch, _append_checked, kv, kv_cache,
+                        slot_mapping, kv_format, error_buffer, stream)
 
 
 def _append_checked(kv, kv_cache, slot_mapping, kv_format, error_buffer, stream):
