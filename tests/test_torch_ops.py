@@ -1,7 +1,8 @@
 """kernelflow.torch_ops: the custom ops pass torch.library.opcheck (schema, fake implementation,
 autograd registration), and torch.compile(fullgraph=True) over a two-layer decode step
 (metadata, cache append and decode per layer) traces with no graph break and gives the same bits
-as eager; on the GPU also under CUDA graphs (mode="reduce-overhead")."""
+as eager (aot_eager; on the GPU also inductor); on the GPU also under CUDA graphs
+(mode="reduce-overhead"). Every test runs on the CPU and, marked gpu, on CUDA."""
 
 from __future__ import annotations
 
@@ -161,12 +162,16 @@ def test_no_graph_break(device):
     assert explanation.graph_count == 1
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_compile_fullgraph_same_bits(device):
+@pytest.mark.parametrize("device,backend", [
+    ("cpu", "aot_eager"),
+    pytest.param("cuda", "aot_eager", marks=pytest.mark.gpu),
+    pytest.param("cuda", "inductor", marks=pytest.mark.gpu),
+])
+def test_compile_fullgraph_same_bits(device, backend):
     torch._dynamo.reset()
     step = Step(device)
     want, want_caches = run_eager(step)
-    compiled = torch.compile(decode_step, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(decode_step, fullgraph=True, backend=backend)
     for _ in range(2):  # the first call compiles, the second runs the cached graph
         args = step.args()
         got = compiled(*args)

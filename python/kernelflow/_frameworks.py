@@ -27,8 +27,24 @@ _JAX_IMMUTABLE = (
 )
 
 
+# The framework of each array type seen so far: every answer of _framework_of depends on the type
+# alone, so it is looked up once per type.
+_FRAMEWORK_OF_TYPE: dict[type, str] = {}
+
+
 def framework(x, name: str) -> str:
     """The framework of array `x`; TypeError naming the argument if `x` is no array."""
+    try:
+        return _FRAMEWORK_OF_TYPE[type(x)]
+    except KeyError:
+        pass
+    found = _framework_of(x, name)
+    if found != "dlpack":  # other producers are recognized by their instance's attributes
+        _FRAMEWORK_OF_TYPE[type(x)] = found
+    return found
+
+
+def _framework_of(x, name: str) -> str:
     root = type(x).__module__.partition(".")[0]
     if root == "numpy" and isinstance(x, np.ndarray):
         return NUMPY
@@ -62,9 +78,21 @@ def is_cuda(x) -> bool:
     return device(x)[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(x) -> str:
     """'bfloat16', 'float16', 'uint8', ... for any framework's dtype ('torch.bfloat16' too)."""
-    return str(x.dtype).rpartition(".")[2]
+    dtype = x.dtype
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):  # TypeError: a dtype object that cannot be hashed
+        name = str(dtype).rpartition(".")[2]
+    try:
+        _DTYPE_NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
 
 
 def host_view(x):
@@ -164,9 +192,7 @@ def export(x, fw: str | None = None):
     if fw is None:
         fw = framework(x, "array")
     if fw == TORCH:
-        if x.requires_grad:
-            x = x.detach()
-        return sys.modules["torch"].utils.dlpack.to_dlpack(x)
+        return _torch().capsule(x)
     if fw == CUPY:
         return x.toDlpack()
     return x
@@ -175,9 +201,8 @@ def export(x, fw: str | None = None):
 def stream_handle(stream, like, fw: str) -> int:
     """The CUDA stream as an int: an explicit one, else the current stream of the framework."""
     if stream is None:
-        if fw == TORCH and like.is_cuda:
-            torch = sys.modules["torch"]
-            return int(torch.cuda.current_stream(like.device).cuda_stream)
+        if fw == TORCH:
+            return _torch().current_stream(like)
         if fw == CUPY:
             cupy = sys.modules["cupy"]
             with like.device:
@@ -197,3 +222,51 @@ def stream_handle(stream, like, fw: str) -> int:
         f"stream: expected an int handle, a torch.cuda.Stream or a cupy.cuda.Stream, got "
         f"{type(stream).__module__}.{type(stream).__qualname__}"
     )
+
+
+class TorchKit:
+    """The pieces of torch a call uses, looked up once: the tensor type, the DLPack capsule
+    maker (torch's __dlpack__ is Python code that also orders streams, which the library does
+    not want) and the current stream as an int (torch.cuda.current_stream builds a Stream
+    object on every call)."""
+
+    def __init__(self, torch):
+        self.tensor = torch.Tensor
+        self.capsule = torch._C._to_dlpack
+        self.uint8 = torch.uint8
+        self.float32 = torch.float32
+        self.int32 = torch.int32
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._torch = torch
+
+    def current_stream(self, like) -> int:
+        """The current stream of the device of tensor `like` (0 off CUDA). It is looked up on
+        every call: torch.cuda.stream(...) changes it, a CUDA graph capture too."""
+        if not like.is_cuda:
+            return 0
+        if self._raw_stream is not None:
+            return self._raw_stream(like.get_device())
+        return int(self._torch.cuda.current_stream(like.device).cuda_stream)
+
+
+_TORCH_KIT: TorchKit | None = None
+
+
+def _torch() -> TorchKit:
+    """The TorchKit (torch is imported: a torch tensor was seen)."""
+    global _TORCH_KIT
+    if _TORCH_KIT is None:
+        _TORCH_KIT = TorchKit(sys.modules["torch"])
+    return _TORCH_KIT
+
+
+def torch_kit(x) -> TorchKit | None:
+    """The TorchKit when `x` is a torch.Tensor (exactly: subclasses such as parameters and the
+    tensors of torch.compile's tracing take the general path), None otherwise."""
+    kit = _TORCH_KIT
+    if kit is None:
+        torch = sys.modules.get("torch")
+        if torch is None or type(x) is not torch.Tensor:
+            return None
+        kit = _torch()
+    return kit if type(x) is kit.tensor else None

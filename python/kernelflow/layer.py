@@ -29,8 +29,10 @@ made safe on the device and flagged in error_buffer (see new_error_buffer).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import numbers
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -184,6 +186,20 @@ def _flat_weights(layers) -> list:
     return flat
 
 
+# Open graphs by id: the torch op kernelflow::launch_layer_graph names its graph by this int.
+_GRAPHS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_NEXT_ID = itertools.count(1)
+
+
+def graph_by_id(graph_id: int) -> DecodeGraph:
+    """The open DecodeGraph of this id; ValueError when it was closed or collected."""
+    graph = _GRAPHS.get(graph_id)
+    if graph is None:
+        raise ValueError(f"graph: no open DecodeGraph has id {graph_id} (closed, or no longer "
+                         "referenced)")
+    return graph
+
+
 class DecodeGraph:
     """L layers of one decoding step, built once and launched every step (kf_layer_graph).
 
@@ -193,6 +209,11 @@ class DecodeGraph:
     framework of `hidden` when not given. error_buffer (int32[4], see new_error_buffer) receives
     flags for bad positions, lengths and block_table entries. The graph reads and writes the
     arrays it was given, which it keeps alive until close().
+
+    Its static buffers stay reachable as attributes: hidden, output, positions, cache_seqlens,
+    block_table, cos_sin, kv_caches (one per layer), error_buffer and workspace (None when
+    absent); id names it to the torch op kernelflow::launch_layer_graph
+    (kernelflow.torch_ops.launch_layer_graph).
     """
 
     def __init__(self, config: LayerConfig, layers, *, hidden, output, positions, cache_seqlens,
@@ -228,7 +249,12 @@ class DecodeGraph:
         self.num_layers = len(flat) // len(_C.LAYER_FIELDS)
         self.workspace = workspace
         self.error_buffer = error_buffer
-        self._hidden, self._home = hidden, home
+        self.hidden, self.output, self.positions = hidden, output, positions
+        self.cache_seqlens, self.block_table, self.cos_sin = cache_seqlens, block_table, cos_sin
+        self.kv_caches = [layer.get("kv_cache") for layer in layers]
+        self._home = home
+        self.id = next(_NEXT_ID)
+        _GRAPHS[self.id] = self
         # The graph reads and writes these arrays' memory: they live as long as it does.
         self._arrays = (list(layers), flat, io, hidden, workspace, error_buffer)
 
@@ -241,7 +267,7 @@ class DecodeGraph:
         """One step of every layer: on `stream` for CUDA arrays (default: the current stream of
         their framework), or run now on the CPU."""
         graph = self._open()
-        _call(graph.launch, fw.stream_handle(stream, self._hidden, self._home))
+        _call(graph.launch, fw.stream_handle(stream, self.hidden, self._home))
 
     @property
     def kernel_nodes(self) -> int:
@@ -249,11 +275,13 @@ class DecodeGraph:
         return _call(lambda: self._open().kernel_nodes)
 
     def close(self) -> None:
-        """Destroy the graph and let go of its arrays (idempotent)."""
+        """Destroy the graph (idempotent). The arrays stay referenced by the attributes that
+        name them (hidden, kv_caches, ...) as long as this object lives."""
         if self._graph is not None:
             self._graph.close()
             self._graph = None
             self._arrays = ()
+            _GRAPHS.pop(self.id, None)
 
     def __enter__(self) -> DecodeGraph:
         return self

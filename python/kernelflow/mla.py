@@ -14,6 +14,7 @@ arrays back, computed through NumPy). Shapes are those of include/kernelflow/ker
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 
@@ -129,8 +130,7 @@ def default_num_workers(device, h_q: int, s_q: int = 1, kv_format: str = "bf16")
     or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there), for
     decodes over a cache of kv_format (8-bit caches run 16 query rows per block, so more than
     16 rows take more row tiles and fewer workers)."""
-    return call(_C.default_num_workers, _device_id(device), _h_q(h_q), _s_q(s_q),
-                _format_code(kv_format, None))
+    return _default_workers(_device_id(device), _h_q(h_q), _s_q(s_q), _format_code(kv_format, None))
 
 
 def metadata_size(batch: int, num_workers: int) -> int:
@@ -157,17 +157,40 @@ def cache_bytes_per_page(kv_format: str, page_size: int) -> int:
 
 def _num_workers_of(metadata, batch: int, name: str = "metadata") -> int:
     """The worker count a metadata array of this length was made for (its length encodes it)."""
-    n = int(metadata.shape[0]) if len(metadata.shape) == 1 else -1
+    return _workers_of_shape(tuple(metadata.shape), batch, name)
+
+
+@functools.lru_cache(maxsize=256)
+def _workers_of_shape(shape: tuple, batch: int, name: str) -> int:
+    n = int(shape[0]) if len(shape) == 1 else -1
     one = call(_C.metadata_size, batch, 1)
     per_worker = call(_C.metadata_size, batch, 2) - one
     extra, rest = divmod(n - one, per_worker)
     workers = extra + 1
     if n < 0 or rest or workers < 1:
         raise ValueError(
-            f"{name}: shape {tuple(metadata.shape)} fits no worker count for batch {batch} "
+            f"{name}: shape {shape} fits no worker count for batch {batch} "
             f"(expected [metadata_size(batch, num_workers)] as made by get_mla_metadata)"
         )
     return workers
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_workspace_bytes(batch: int, h_q: int, s_q: int, metadata_shape: tuple) -> int:
+    """workspace_size for a decode of this shape with metadata of this shape."""
+    workers = _workers_of_shape(metadata_shape, batch, "metadata")
+    return call(_C.workspace_size, batch, h_q, s_q, workers)
+
+
+@functools.lru_cache(maxsize=256)
+def _default_workers(device_id: int, h_q: int, s_q: int, code: int) -> int:
+    """default_num_workers, once per device and shape: it depends on the device's SM count."""
+    return call(_C.default_num_workers, device_id, h_q, s_q, code)
+
+
+@functools.lru_cache(maxsize=256)
+def _metadata_elems(batch: int, num_workers: int) -> int:
+    return call(_C.metadata_size, batch, num_workers)
 
 
 def _made_for(metadata):
@@ -200,6 +223,62 @@ def _check_q_fits(dims, q, cache_seqlens, metadata) -> None:
         )
 
 
+# The torch paths (_metadata_torch, _decode_torch, _append_torch) hand plain torch tensors to
+# the C API, which checks every argument, and skip the Python checks. When a call fails (these
+# exception types), it is made again through the checked path, which raises the error in the
+# caller's terms: the C API checks everything before it writes anything, so the second attempt
+# sees the same state (a CUDA error is met, and reported, again).
+_REFUSED = (ValueError, TypeError, RuntimeError)
+_FORMAT_CODE_OF_DTYPE = {dtype: KV_FORMATS[fmt] for dtype, fmt in _FORMAT_OF_DTYPE.items()}
+_WORKSPACE_ALIGN = 256  # bytes: the C API's workspace rule
+
+
+def _torch_first(kit, torch_path, checked_path, *args):
+    """torch_path(kit, *args) when kit is not None (the call's main tensor is a plain torch
+    tensor) and that path applies and succeeds; checked_path(*args) otherwise, which names the
+    cause of a refusal in the caller's terms."""
+    if kit is not None:
+        try:
+            done = torch_path(kit, *args)
+        except _REFUSED:
+            done = None
+        if done is not None:
+            return done
+    return checked_path(*args)
+
+
+def _torch_or_none(kit, *arrays) -> bool:
+    tensor = kit.tensor
+    return all(a is None or type(a) is tensor for a in arrays)
+
+
+def _torch_format(kv_format, kv_cache):
+    """The format code of a kv_format name, or of a bf16/fp16 cache's dtype; None otherwise."""
+    if kv_format is None:
+        return _FORMAT_CODE_OF_DTYPE.get(fw.dtype_name(kv_cache))
+    return KV_FORMATS.get(kv_format) if type(kv_format) is str else None
+
+
+def _torch_stream(kit, stream, like):
+    """The stream handle, or None for a stream object (the checked path reads those)."""
+    if stream is None:
+        return kit.current_stream(like)
+    if type(stream) is int and 0 <= stream <= fw.STREAM_MAX:
+        return stream
+    return None
+
+
+def _torch_workspace(kit, q, nbytes: int):
+    """uint8[nbytes] on q's device, 256-byte aligned (torch's CUDA allocator always is); None for
+    0 bytes."""
+    if not nbytes:
+        return None
+    workspace = q.new_empty((nbytes,), dtype=kit.uint8)
+    if workspace.data_ptr() % _WORKSPACE_ALIGN:
+        workspace = fw.empty_bytes(q, fw.TORCH, nbytes, _WORKSPACE_ALIGN)
+    return workspace
+
+
 def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=None,
                      stream=None, out=None, kv_format: str = "bf16"):
     """Split schedule for a decode step: int32 [metadata_size(b, num_workers)] on the device of
@@ -210,6 +289,12 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     serves ('bf16', 'fp16', 'fp8_e4m3', 'int8'): 8-bit pieces cost more to start, so their
     schedule splits less. Metadata made for another format is still correct, only less
     balanced."""
+    return _torch_first(fw.torch_kit(cache_seqlens), _metadata_torch, _metadata_checked,
+                        cache_seqlens, num_heads_q, s_q, num_workers, stream, out, kv_format)
+
+
+def _metadata_checked(cache_seqlens, num_heads_q, s_q, num_workers, stream, out, kv_format):
+    """get_mla_metadata for any framework, every argument checked here first."""
     home = fw.framework(cache_seqlens, "cache_seqlens")
     fw.check_home(cache_seqlens, home, "cache_seqlens")
     h_q = _h_q(num_heads_q, "num_heads_q")
@@ -238,6 +323,36 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     return out if out is not None else fw.to_home(metadata, home)
 
 
+
+
+def _metadata_torch(kit, cache_seqlens, num_heads_q, s_q, num_workers, stream, out, kv_format):
+    """get_mla_metadata of plain torch tensors with the argument checks left to the C API; None
+    where this path does not apply."""
+    if (type(num_heads_q) is not int or type(s_q) is not int
+            or (num_workers is not None and type(num_workers) is not int)
+            or (out is not None and type(out) is not kit.tensor)):
+        return None
+    code = KV_FORMATS.get(kv_format) if type(kv_format) is str else None
+    handle = _torch_stream(kit, stream, cache_seqlens)
+    if code is None or handle is None:
+        return None
+    (batch,) = cache_seqlens.shape
+    if num_workers is None:
+        if out is not None:
+            num_workers = _workers_of_shape(tuple(out.shape), batch, "out")
+        else:
+            device_id = cache_seqlens.get_device() if cache_seqlens.is_cuda else -1
+            num_workers = _default_workers(device_id, num_heads_q, s_q, code)
+    metadata = out
+    if metadata is None:
+        metadata = cache_seqlens.new_empty((_metadata_elems(batch, num_workers),),
+                                           dtype=kit.int32)
+    capsule = kit.capsule
+    _C.mla_metadata(capsule(cache_seqlens), num_heads_q, s_q, num_workers, code,
+                    capsule(metadata), handle)
+    return metadata
+
+
 def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale: float,
                kv_format=None, out=None, lse=None, workspace=None, error_buffer=None,
                stream=None):
@@ -253,6 +368,14 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
     new_error_buffer) receives flags for bad device-side values. The stream defaults to the
     current stream of q's framework (0 otherwise).
     """
+    return _torch_first(fw.torch_kit(q), _decode_torch, _decode_checked, q, kv_cache,
+                        block_table, cache_seqlens, metadata, softmax_scale, kv_format, out, lse,
+                        workspace, error_buffer, stream)
+
+
+def _decode_checked(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                    kv_format, out, lse, workspace, error_buffer, stream):
+    """mla_decode for any framework, every argument checked here first."""
     home = fw.framework(q, "q")
     fw.check_home(q, home, "q")
     for arr, name in ((kv_cache, "kv_cache"), (block_table, "block_table"),
@@ -292,10 +415,50 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
     return fw.to_home(out, home), fw.to_home(lse, home)
 
 
+
+
+def _decode_torch(kit, q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                  kv_format, out, lse, workspace, error_buffer, stream):
+    """mla_decode of plain torch tensors with the argument checks left to the C API; None where
+    this path does not apply."""
+    tensor = kit.tensor
+    if (type(kv_cache) is not tensor or type(block_table) is not tensor
+            or type(cache_seqlens) is not tensor or type(metadata) is not tensor
+            or type(softmax_scale) is not float
+            or not _torch_or_none(kit, out, lse, workspace, error_buffer)
+            or (workspace is not None and workspace.dtype is not kit.uint8)):
+        return None
+    code = _torch_format(kv_format, kv_cache)
+    handle = _torch_stream(kit, stream, q)
+    if code is None or handle is None:
+        return None
+    if out is None or lse is None or workspace is None:
+        batch, s_q, h_q, _ = q.shape
+        if out is None:
+            out = q.new_empty((batch, s_q, h_q, _C.LATENT_DIM))
+        if lse is None:
+            lse = q.new_empty((batch, h_q, s_q), dtype=kit.float32)
+        if workspace is None:
+            workspace = _torch_workspace(kit, q, _decode_workspace_bytes(
+                batch, h_q, s_q, tuple(metadata.shape)))
+    capsule = kit.capsule
+    _C.mla_decode(capsule(q), capsule(kv_cache), code, capsule(block_table),
+                  capsule(cache_seqlens), capsule(metadata), softmax_scale, capsule(out),
+                  capsule(lse), None if workspace is None else capsule(workspace),
+                  None if error_buffer is None else capsule(error_buffer), handle)
+    return out, lse
+
+
 def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, stream=None):
     """Write rows kv[n, 576] into the paged cache in place: row i goes to slot
     slot_mapping[i] = page * page_size + offset (int64; negative means skip). 8-bit formats
     quantize on the fly; kv_format is inferred from a bfloat16/float16 cache."""
+    return _torch_first(fw.torch_kit(kv_cache), _append_torch, _append_checked, kv, kv_cache,
+                        slot_mapping, kv_format, error_buffer, stream)
+
+
+def _append_checked(kv, kv_cache, slot_mapping, kv_format, error_buffer, stream):
+    """cache_append for any framework, every argument checked here first."""
     home = fw.framework(kv_cache, "kv_cache")
     fw.framework(kv, "kv")
     fw.framework(slot_mapping, "slot_mapping")
@@ -306,6 +469,24 @@ def cache_append(kv, kv_cache, slot_mapping, kv_format=None, error_buffer=None, 
     call(_C.cache_append, fw.export(kv), fw.export(kv_cache, home), code, fw.export(slot_mapping),
          None if error_buffer is None else fw.export(error_buffer),
          fw.stream_handle(stream, kv_cache, home))
+    return kv_cache
+
+
+
+
+def _append_torch(kit, kv, kv_cache, slot_mapping, kv_format, error_buffer, stream):
+    """cache_append of plain torch tensors with the argument checks left to the C API; None
+    where this path does not apply."""
+    if (type(kv) is not kit.tensor or type(slot_mapping) is not kit.tensor
+            or not _torch_or_none(kit, error_buffer)):
+        return None
+    code = _torch_format(kv_format, kv_cache)
+    handle = _torch_stream(kit, stream, kv_cache)
+    if code is None or handle is None:
+        return None
+    capsule = kit.capsule
+    _C.cache_append(capsule(kv), capsule(kv_cache), code, capsule(slot_mapping),
+                    None if error_buffer is None else capsule(error_buffer), handle)
     return kv_cache
 
 

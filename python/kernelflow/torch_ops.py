@@ -7,12 +7,17 @@ torch.compile without graph breaks and capturable in CUDA graphs.
     out, lse = kft.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
                               softmax_scale=0.114721)
 
-The same ops are reachable as torch.ops.kernelflow.<name>. Each one is a torch.library custom op
-with a schema that names what it mutates (cache_append writes kv_cache; mla_decode_out writes
-out and lse; a workspace passed to a decode is scratch it writes) and a fake implementation that
-gives the exact output shapes and dtypes without touching data, so torch.compile traces through
-them. The implementations call the framework-agnostic API of kernelflow.mla on the current torch
-stream, which is the capture stream inside a CUDA graph.
+    kft.launch_layer_graph(graph)   # a kernelflow.DecodeGraph made from torch tensors
+
+The same ops are reachable as torch.ops.kernelflow.<name>. Each one is defined through
+torch.library with a schema that names what it mutates (cache_append writes kv_cache;
+mla_decode_out writes out and lse; a workspace passed to a decode is scratch it writes;
+launch_layer_graph writes the graph's output, caches and error buffer) and a fake implementation
+that gives the exact output shapes and dtypes without touching data, so torch.compile traces
+through them. The CPU and CUDA implementations are registered with the dispatcher directly and
+call the framework-agnostic API of kernelflow.mla on the current torch stream, which is the
+capture stream inside a CUDA graph: an eager call costs the dispatcher and the library's own
+path, nothing more (docs/frameworks/pytorch.md, "Host overhead").
 
 Importing this module imports torch; `import kernelflow` does not.
 """
@@ -25,24 +30,47 @@ import torch
 from torch import Tensor
 
 from . import _C
+from . import layer as _layer
 from . import mla as _mla
 
 __all__ = [
     "cache_append",
     "convert_cache",
     "get_mla_metadata",
+    "launch_layer_graph",
     "mla_decode",
     "mla_decode_out",
 ]
 
 _EIGHT_BIT = ("fp8_e4m3", "int8")
+_LIB = torch.library.Library("kernelflow", "FRAGMENT")
+
+
+def _define(schema: str, kernel, fake):
+    """kernelflow::<name> with this schema: `kernel` its CPU and CUDA implementation, `fake` its
+    fake one; returns the op's overload. The kernel runs with torch.compile's frame evaluation
+    off (as torch.library.custom_op does), so an eager call made while torch.compile is active
+    never traces into the library's Python."""
+    name = schema.partition("(")[0]
+    _LIB.define(schema)
+    kernel = torch.compiler.disable(kernel, recursive=True)
+    for key in ("CPU", "CUDA"):
+        _LIB.impl(name, kernel, key)
+    torch.library.register_fake(f"kernelflow::{name}", fake, lib=_LIB)
+    return getattr(torch.ops.kernelflow, name).default
+
+
+def _written(*tensors) -> None:
+    """Tell autograd that the op wrote these tensors (their version counters), as PyTorch's own
+    in-place ops do; None entries are skipped."""
+    torch.autograd.graph.increment_version(tuple(t for t in tensors if t is not None))
 
 
 def _num_workers(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
                  num_workers: Optional[int], kv_format: str) -> int:
-    """num_workers, or the library's default for cache_seqlens' device when None. The real and
-    the fake implementation both resolve it here, so the traced metadata length is the one the
-    library writes."""
+    """num_workers, or the library's default for cache_seqlens' device when None: what the real
+    implementation (kernelflow.get_mla_metadata) uses too, so the traced metadata length is the
+    one the library writes."""
     if num_workers is not None:
         return num_workers
     return _mla.default_num_workers(cache_seqlens.device, num_heads_q, s_q, kv_format)
@@ -61,16 +89,12 @@ def _check_q(q: Tensor) -> None:
 
 # --- metadata -----------------------------------------------------------------------------------
 
-@torch.library.custom_op("kernelflow::get_mla_metadata", mutates_args=())
-def _get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
-                      num_workers: Optional[int], kv_format: str) -> Tensor:
-    workers = _num_workers(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
-    return _mla.get_mla_metadata(cache_seqlens, num_heads_q, s_q, num_workers=workers,
+def _metadata_kernel(cache_seqlens, num_heads_q, s_q, num_workers, kv_format):
+    return _mla.get_mla_metadata(cache_seqlens, num_heads_q, s_q, num_workers=num_workers,
                                  kv_format=kv_format)
 
 
-@_get_mla_metadata.register_fake
-def _(cache_seqlens, num_heads_q, s_q, num_workers, kv_format):
+def _metadata_fake(cache_seqlens, num_heads_q, s_q, num_workers, kv_format):
     if cache_seqlens.dim() != 1:
         raise ValueError(
             f"cache_seqlens: expected shape [batch], got {tuple(cache_seqlens.shape)}"
@@ -80,12 +104,16 @@ def _(cache_seqlens, num_heads_q, s_q, num_workers, kv_format):
     return cache_seqlens.new_empty((size,), dtype=torch.int32)
 
 
+_METADATA = _define(
+    "get_mla_metadata(Tensor cache_seqlens, SymInt num_heads_q, SymInt s_q, SymInt? num_workers, "
+    "str kv_format) -> Tensor", _metadata_kernel, _metadata_fake)
+
+
 def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
                      num_workers: Optional[int] = None, kv_format: str = "bf16") -> Tensor:
     """kernelflow.get_mla_metadata as a custom op: int32 [metadata_size(b, num_workers)] on
     cache_seqlens' device; num_workers defaults to the library's default for that device."""
-    return torch.ops.kernelflow.get_mla_metadata(cache_seqlens, num_heads_q, s_q, num_workers,
-                                                 kv_format)
+    return _METADATA(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
 
 
 # --- decode -------------------------------------------------------------------------------------
@@ -94,15 +122,13 @@ def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
 _WORKSPACE_ALIGN = 256
 
 
-def _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
-                 workspace, out, lse) -> None:
-    """The decode into out and lse. The workspace is scratch: where a compiled graph hands in a
-    copy of the caller's (functionalization clones mutated inputs) that lost the C API's
-    256-byte alignment, the decode allocates an aligned one instead."""
+def _scratch(workspace):
+    """The workspace to decode with. It is scratch: where a compiled graph hands in a copy of
+    the caller's (functionalization clones mutated inputs) that lost the C API's 256-byte
+    alignment, the decode allocates an aligned one instead."""
     if workspace is not None and workspace.data_ptr() % _WORKSPACE_ALIGN:
-        workspace = None
-    _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
-                    kv_format=kv_format, out=out, lse=lse, workspace=workspace)
+        return None
+    return workspace
 
 
 def _decode_shapes(q: Tensor):
@@ -111,35 +137,44 @@ def _decode_shapes(q: Tensor):
     return (b, s_q, h_q, _C.LATENT_DIM), (b, h_q, s_q)
 
 
-@torch.library.custom_op("kernelflow::mla_decode", mutates_args=("workspace",))
-def _mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
-                metadata: Tensor, softmax_scale: float, kv_format: Optional[str],
-                workspace: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    out_shape, lse_shape = _decode_shapes(q)
-    out = q.new_empty(out_shape)
-    lse = q.new_empty(lse_shape, dtype=torch.float32)
-    _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
-                 workspace, out, lse)
-    return out, lse
+def _decode_kernel(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
+                   workspace):
+    try:
+        result = _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
+                                 softmax_scale, kv_format=kv_format, workspace=_scratch(workspace))
+    except ValueError:
+        _check_q(q)  # a q of the wrong layout gets the fake implementation's message
+        raise
+    if workspace is not None:
+        _written(workspace)
+    return result
 
 
-@_mla_decode.register_fake
-def _(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format, workspace):
+def _decode_fake(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
+                 workspace):
     out_shape, lse_shape = _decode_shapes(q)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("kernelflow::mla_decode_out", mutates_args=("out", "lse", "workspace"))
-def _mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
-                    metadata: Tensor, softmax_scale: float, kv_format: Optional[str],
-                    workspace: Optional[Tensor], out: Tensor, lse: Tensor) -> None:
-    _decode_into(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format,
-                 workspace, out, lse)
+_DECODE = _define(
+    "mla_decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor cache_seqlens, "
+    "Tensor metadata, float softmax_scale, str? kv_format, Tensor(a!)? workspace) "
+    "-> (Tensor, Tensor)", _decode_kernel, _decode_fake)
 
 
-@_mla_decode_out.register_fake
-def _(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_format, workspace,
-      out, lse):
+def _decode_out_kernel(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                       kv_format, workspace, out, lse):
+    try:
+        _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                        kv_format=kv_format, out=out, lse=lse, workspace=_scratch(workspace))
+    except ValueError:
+        _check_q(q)  # a q of the wrong layout gets the fake implementation's message
+        raise
+    _written(out, lse, workspace)
+
+
+def _decode_out_fake(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
+                     kv_format, workspace, out, lse):
     out_shape, lse_shape = _decode_shapes(q)
     for arr, name, shape, dtype in ((out, "out", out_shape, q.dtype),
                                     (lse, "lse", lse_shape, torch.float32)):
@@ -148,14 +183,20 @@ def _(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale, kv_forma
                              f"{list(arr.shape)}")
 
 
+_DECODE_OUT = _define(
+    "mla_decode_out(Tensor q, Tensor kv_cache, Tensor block_table, Tensor cache_seqlens, "
+    "Tensor metadata, float softmax_scale, str? kv_format, Tensor(a!)? workspace, "
+    "Tensor(b!) out, Tensor(c!) lse) -> ()", _decode_out_kernel, _decode_out_fake)
+
+
 def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                metadata: Tensor, softmax_scale: float, kv_format: Optional[str] = None,
                workspace: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """kernelflow.mla_decode as a custom op: returns new (out [b, s_q, h_q, 512] in q's dtype,
     lse float32 [b, h_q, s_q]). workspace (uint8, kernelflow.new_workspace) is allocated by the
     op when not given."""
-    return torch.ops.kernelflow.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
-                                           float(softmax_scale), kv_format, workspace)
+    return _DECODE(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
+                   kv_format, workspace)
 
 
 def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
@@ -163,29 +204,32 @@ def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqle
                    kv_format: Optional[str] = None,
                    workspace: Optional[Tensor] = None) -> None:
     """kernelflow.mla_decode writing into the given out and lse."""
-    torch.ops.kernelflow.mla_decode_out(q, kv_cache, block_table, cache_seqlens, metadata,
-                                        float(softmax_scale), kv_format, workspace, out, lse)
+    _DECODE_OUT(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
+                kv_format, workspace, out, lse)
 
 
 # --- cache --------------------------------------------------------------------------------------
 
-@torch.library.custom_op("kernelflow::cache_append", mutates_args=("kv_cache",))
-def _cache_append(kv: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
-                  kv_format: Optional[str]) -> None:
+def _append_kernel(kv, kv_cache, slot_mapping, kv_format):
     _mla.cache_append(kv, kv_cache, slot_mapping, kv_format=kv_format)
+    _written(kv_cache)
 
 
-@_cache_append.register_fake
-def _(kv, kv_cache, slot_mapping, kv_format):
+def _append_fake(kv, kv_cache, slot_mapping, kv_format):
     if kv.dim() != 2 or kv.shape[1] != _C.HEAD_DIM:
         raise ValueError(f"kv: expected shape [n, {_C.HEAD_DIM}], got {tuple(kv.shape)}")
+
+
+_APPEND = _define(
+    "cache_append(Tensor kv, Tensor(a!) kv_cache, Tensor slot_mapping, str? kv_format) -> ()",
+    _append_kernel, _append_fake)
 
 
 def cache_append(kv: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
                  kv_format: Optional[str] = None) -> None:
     """kernelflow.cache_append as a custom op: writes rows kv[n, 576] into kv_cache in place at
     slot_mapping (int64; negative skips)."""
-    torch.ops.kernelflow.cache_append(kv, kv_cache, slot_mapping, kv_format)
+    _APPEND(kv, kv_cache, slot_mapping, kv_format)
 
 
 def _converted_shape(src: Tensor, kv_format: str):
@@ -199,18 +243,107 @@ def _converted_shape(src: Tensor, kv_format: str):
     return (src.shape[0], src.shape[1], _C.BYTES_PER_TOKEN_8BIT)
 
 
-@torch.library.custom_op("kernelflow::convert_cache", mutates_args=())
-def _convert_cache(src: Tensor, kv_format: str) -> Tensor:
+def _convert_kernel(src, kv_format):
     dst = src.new_empty(_converted_shape(src, kv_format), dtype=torch.uint8)
     _mla.convert_cache(src, dst, kv_format=kv_format)
     return dst
 
 
-@_convert_cache.register_fake
-def _(src, kv_format):
+def _convert_fake(src, kv_format):
     return src.new_empty(_converted_shape(src, kv_format), dtype=torch.uint8)
+
+
+_CONVERT = _define("convert_cache(Tensor src, str kv_format) -> Tensor", _convert_kernel,
+                   _convert_fake)
 
 
 def convert_cache(src: Tensor, kv_format: str = "fp8_e4m3") -> Tensor:
     """kernelflow.convert_cache as a custom op: a new uint8 [num_pages, page_size, 644] cache."""
-    return torch.ops.kernelflow.convert_cache(src, kv_format)
+    return _CONVERT(src, kv_format)
+
+
+# --- the layer graph ----------------------------------------------------------------------------
+
+# The buffers a launch reads that change between steps, and those it writes, in the op's order.
+_LAYER_READS = ("hidden", "positions", "cache_seqlens", "block_table")
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _check_like(given: Tensor, own, name: str) -> None:
+    """`given` must have the shape, dtype and device of the graph's buffer `own`."""
+    if (tuple(given.shape) != tuple(own.shape) or given.dtype != own.dtype
+            or given.device != own.device):
+        raise ValueError(f"{name}: expected the graph's {name} ({own.dtype} {list(own.shape)} on "
+                         f"{own.device}), got {given.dtype} {list(given.shape)} on {given.device}")
+
+
+def _layer_pairs(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                 error_buffer):
+    """(tensor given to the op, the graph's own buffer, name) for every buffer of the launch:
+    first those it reads, then those it writes (the caches are both)."""
+    if len(kv_caches) != len(graph.kv_caches):
+        raise ValueError(f"kv_caches: expected {len(graph.kv_caches)} caches (one per layer), got "
+                         f"{len(kv_caches)}")
+    if (error_buffer is None) != (graph.error_buffer is None):
+        raise ValueError("error_buffer: expected the graph's error buffer"
+                         + (" (it has none)" if graph.error_buffer is None else ", got None"))
+    reads = [(t, getattr(graph, name), name) for t, name in
+             zip((hidden, positions, cache_seqlens, block_table), _LAYER_READS)]
+    caches = [(t, own, f"kv_caches[{i}]") for i, (t, own) in
+              enumerate(zip(kv_caches, graph.kv_caches))]
+    writes = [(output, graph.output, "output")]
+    if error_buffer is not None:
+        writes.append((error_buffer, graph.error_buffer, "error_buffer"))
+    for given, own, name in reads + caches + writes:
+        _check_like(given, own, name)
+    return reads + caches, caches + writes
+
+
+def _launch_layer_kernel(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                         error_buffer):
+    """DecodeGraph.launch on the current stream. The graph reads and writes its own buffers; a
+    compiled graph may hand the op copies of them (functionalization clones what an op
+    mutates), so a copy is loaded into the graph's buffer before the launch and the results
+    copied back to it after."""
+    decode_graph = _layer.graph_by_id(graph)
+    read, written = _layer_pairs(decode_graph, hidden, positions, cache_seqlens, block_table,
+                                 output, kv_caches, error_buffer)
+    for given, own, _ in read:
+        if not _same_memory(given, own):
+            own.copy_(given)
+    decode_graph.launch()
+    for given, own, _ in written:
+        if not _same_memory(given, own):
+            given.copy_(own)
+    _written(output, error_buffer, *kv_caches)
+
+
+def _launch_layer_fake(graph, hidden, positions, cache_seqlens, block_table, output, kv_caches,
+                       error_buffer):
+    _layer_pairs(_layer.graph_by_id(graph), hidden, positions, cache_seqlens, block_table,
+                 output, kv_caches, error_buffer)
+
+
+_LAUNCH_LAYER = _define(
+    "launch_layer_graph(int graph, Tensor hidden, Tensor positions, Tensor cache_seqlens, "
+    "Tensor block_table, Tensor(a!) output, Tensor(b!)[] kv_caches, Tensor(c!)? error_buffer) "
+    "-> ()", _launch_layer_kernel, _launch_layer_fake)
+
+
+def launch_layer_graph(graph: _layer.DecodeGraph) -> None:
+    """graph.launch() as a custom op, on the current stream: one decoding step of every layer of
+    a kernelflow.DecodeGraph made from torch tensors. The op reads the graph's hidden,
+    positions, cache_seqlens and block_table and writes its output, kv_caches and error_buffer,
+    so a compiled step orders it after the writes to its inputs and before the reads of its
+    results. The weights and the cos/sin table are read as they are when it runs."""
+    if not isinstance(graph, _layer.DecodeGraph):
+        raise TypeError(f"graph: expected a kernelflow.DecodeGraph, got {type(graph).__name__}")
+    if not isinstance(graph.hidden, Tensor):
+        raise TypeError(f"graph: made from {type(graph.hidden).__module__} arrays; the torch op "
+                        "needs one made from torch tensors")
+    _LAUNCH_LAYER(graph.id, graph.hidden, graph.positions, graph.cache_seqlens,
+                  graph.block_table, graph.output, graph.kv_caches, graph.error_buffer)

@@ -58,6 +58,21 @@ namespace {
 
 // One conversion for inputs and outputs: they differ in the nanobind array type held (read-only
 // or writable) and in what the error says.
+// A DLPack capsule not yet consumed ("dltensor", as torch.utils.dlpack.to_dlpack and CuPy's
+// toDlpack make them): its DLTensor is read in place. The capsule is an argument of the running
+// call, so it keeps the tensor alive until the call returns and frees it afterwards; nothing is
+// copied or consumed (nanobind's import would allocate a handle and take the capsule over).
+bool borrow_capsule(nb::handle obj, Tensor* t) {
+  PyObject* p = obj.ptr();
+  if (!PyCapsule_CheckExact(p) || !PyCapsule_IsValid(p, "dltensor")) return false;
+  const auto* managed = static_cast<const DLManagedTensor*>(PyCapsule_GetPointer(p, "dltensor"));
+  t->dl = managed->dl_tensor;
+  t->dl.data = static_cast<char*>(t->dl.data) + t->dl.byte_offset;  // as fill() does
+  t->dl.byte_offset = 0;
+  t->present = true;
+  return true;
+}
+
 template <typename Array>
 Tensor as_array(nb::handle obj, const char* name, bool optional, Array Tensor::*member,
                 bool writable) {
@@ -66,6 +81,7 @@ Tensor as_array(nb::handle obj, const char* name, bool optional, Array Tensor::*
     if (optional) return t;
     throw nb::type_error((std::string(name) + ": expected an array, got None").c_str());
   }
+  if (borrow_capsule(obj, &t)) return t;
   bool is_bf16;
   nb::object src = unwrap_numpy_bfloat16(obj, &is_bf16);
   if (!nb::try_cast(src, t.*member, /*convert=*/false)) raise_not_array(obj, name, writable);
@@ -87,10 +103,13 @@ nb::dict describe(nb::handle obj) {
   Tensor t = as_input(obj, "array");
   const DLTensor& dl = t.dl;
   nb::list shape, strides;
-  for (int i = 0; i < dl.ndim; ++i) {
-    shape.append(dl.shape[i]);
-    strides.append(dl.strides[i]);
+  int64_t compact = 1;  // a DLTensor without strides is compact, row-major
+  for (int i = dl.ndim - 1; i >= 0; --i) {
+    strides.append(dl.strides ? dl.strides[i] : compact);
+    compact *= dl.shape[i];
   }
+  strides.reverse();
+  for (int i = 0; i < dl.ndim; ++i) shape.append(dl.shape[i]);
   nb::dict d;
   d["device_type"] = int(dl.device.device_type);
   d["device_id"] = dl.device.device_id;

@@ -1,6 +1,8 @@
-// Python array -> DLTensor for the C API. Any framework's array comes in through nanobind's
-// nb::ndarray (DLPack capsule, __dlpack__ or the buffer protocol); the DLTensor points into the
-// nb::ndarray's own shape and strides, so a Tensor must outlive the C call that reads it.
+// Python array -> DLTensor for the C API. An unconsumed DLPack capsule (what kernelflow's Python
+// layer passes for PyTorch and CuPy arrays) is read in place, its DLTensor borrowed for the call;
+// any other array comes in through nanobind's nb::ndarray (a used capsule, __dlpack__ or the
+// buffer protocol). The DLTensor points into the capsule's or the nb::ndarray's shape and
+// strides, so a Tensor must not outlive the call that converted it.
 #pragma once
 
 #include <dlpack/dlpack.h>
