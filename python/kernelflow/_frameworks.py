@@ -22,8 +22,8 @@ KDL_CUDA_MANAGED = 13
 STREAM_MAX = 2**64 - 1  # a cudaStream_t as an unsigned pointer-sized int
 
 _JAX_IMMUTABLE = (
-    "JAX arrays are immutable: pass a NumPy, PyTorch or CuPy array (a JAX FFI integration "
-    "comes later)"
+    "JAX arrays are immutable: pass a NumPy, PyTorch or CuPy array, or use kernelflow.jax, "
+    "whose cache_append updates the cache through input/output aliasing"
 )
 
 
@@ -57,7 +57,7 @@ def _framework_of(x, name: str) -> str:
         if jax is not None and isinstance(x, jax.core.Tracer):
             raise TypeError(
                 f"{name}: kernelflow cannot be called on traced JAX values (inside jax.jit, "
-                "grad or vmap); a JAX FFI integration comes later"
+                "grad or vmap); use kernelflow.jax, whose functions run under jax.jit"
             )
         return JAX
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__") and hasattr(x, "shape"):
@@ -112,8 +112,9 @@ def check_home(x, fw: str, name: str) -> None:
     """Raise where results cannot be made in the framework of `x`."""
     if fw == JAX and is_cuda(x):
         raise NotImplementedError(
-            f"{name}: JAX arrays on a GPU are not supported yet (a JAX FFI integration comes "
-            "later); convert with torch.from_dlpack(x) or cupy.from_dlpack(x), or use CPU arrays"
+            f"{name}: the plain API does not take JAX arrays on a GPU; use kernelflow.jax (XLA "
+            "FFI, GPU and CPU, under jax.jit), or convert with torch.from_dlpack(x) or "
+            "cupy.from_dlpack(x)"
         )
 
 
