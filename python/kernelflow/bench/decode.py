@@ -50,7 +50,12 @@ import torch
 
 from kernelflow import reference as kf_ref
 from kernelflow.bench import peaks as peaks_mod
-from kernelflow.bench.baselines import torch_mla, triton_mla
+from kernelflow.bench.baselines import torch_mla
+
+try:
+    from kernelflow.bench.baselines import triton_mla
+except ImportError:  # no Triton here: the Triton baseline is left out (make_runners says so)
+    triton_mla = None
 
 SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (docs/spec.md section 1)
 DEVICE = "cuda"
@@ -552,6 +557,10 @@ def fmt_perf(r: dict) -> str:
             f"{r['TFLOPS']:6.1f} TFLOPS ({100 * r['frac_mma_peak']:5.1f}% mma.sync)")
 
 
+def triton_version() -> str:
+    return triton_mla.triton.__version__ if triton_mla is not None else "not installed"
+
+
 def gpu_setup(args) -> dict:
     """The run's device facts and numeric settings, with the header line printed; the torch
     matmul settings the baseline's check needs."""
@@ -565,7 +574,7 @@ def gpu_setup(args) -> dict:
            "dtype": torch.bfloat16 if args.dtype == "bf16" else torch.float16,
            "rotate_bytes": args.rotate_mb * 1e6 if args.rotate_mb else 4 * l2}
     log(f"device: {props.name}, {ctx['num_sms']} SMs, L2 {l2 / 2**20:.0f} MiB; torch "
-        f"{torch.__version__}, triton {triton_mla.triton.__version__}; "
+        f"{torch.__version__}, triton {triton_version()}; "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     log(f"argv: {' '.join(args.argv)}")
     return ctx
@@ -583,7 +592,9 @@ def make_runners(args, num_sms: int) -> tuple:
         except Exception as e:  # noqa: BLE001
             log(f"kernelflow unavailable ({short_err(e)}); running the baselines only")
             errors.append({"kernel": "kernelflow", "error": short_err(e)})
-    if not args.no_triton:
+    if not args.no_triton and triton_mla is None:
+        log("triton not importable: no Triton row")
+    elif not args.no_triton:
         runners.append(TritonRunner(args.tune, num_sms))
     if not args.no_torch:
         runners.append(TorchRunner())
@@ -732,7 +743,7 @@ def run_grid(args, pk, ctx) -> dict:
         f"errors: {len(errors)}")
 
     return {"device": ctx["device"], "num_sms": ctx["num_sms"], "l2_bytes": ctx["l2_bytes"],
-            "torch": torch.__version__, "triton": triton_mla.triton.__version__,
+            "torch": torch.__version__, "triton": triton_version(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": args.argv,
             "peaks": pk, "flashmla_measured": flashmla_measured,
             "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "ratios")}
