@@ -143,9 +143,10 @@ def layer_steps(argv: list) -> int:
 
 
 def built_archs(build_info: str) -> list:
-    """The CUDA architectures of a kernelflow.build_info() string ("... cuda archs 86;90; ...")."""
-    m = re.search(r"cuda archs ([0-9a-z;]+)", build_info)
-    return m.group(1).split(";") if m else []
+    """The CUDA architectures of a kernelflow.build_info() string ("...; cuda archs 86 90 90a;
+    cuda runtime 13.0")."""
+    m = re.search(r"cuda archs ([^;]+)", build_info)
+    return m.group(1).split() if m else []
 
 
 def default_families(build_info: str, device_sm: str, env_family: str) -> list:
