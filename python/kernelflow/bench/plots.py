@@ -17,6 +17,7 @@ decode_h128_tflops.png and sk_sweep_formats.png.
 import argparse
 import json
 import os
+import textwrap
 
 import matplotlib
 
@@ -120,8 +121,10 @@ LAYER_STYLES = {"unfused eager": "-.v", "unfused graph": "--s", "fused bf16": "-
 
 
 def caption(record) -> str:
+    """GPU, date and command, wrapped to the figure's width."""
     gpu = record.get("gpu", {})
-    return f"{gpu.get('name', '?')}, {record.get('date', '?')}; {record.get('command', '?')}"
+    text = f"{gpu.get('name', '?')}, {record.get('date', '?')}; {record.get('command', '?')}"
+    return "\n".join(textwrap.wrap(text, 150))
 
 
 def new_figure():
@@ -135,11 +138,20 @@ def finish(fig, ax, record, path, xlog2=True):
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.text(0.01, 0.01, caption(record), fontsize=6.5, color="0.3")
+    text = caption(record)
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * text.count("\n") + 0.02, 1, 1))
+    fig.text(0.01, 0.01, text, fontsize=6.5, color="0.3", va="bottom")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def measured_once(record) -> list:
+    """The decode rows with every baseline once: kernelflow's rows of each family, the other
+    kernels' from the first family's run (a forced family's run repeats them or leaves them out)."""
+    first = (record.get("families") or [None])[0]
+    return [r for r in record["decode"]["rows"]
+            if r.get("kernel") == "kernelflow" or r.get("family") in (first, None)]
 
 
 def plot_layer_time(record, out):
@@ -165,7 +177,7 @@ def plot_layer_time(record, out):
 
 def plot_decode_bandwidth(record, out, h_q=16):
     """Achieved GB/s against batch at h_q 16 for every decode kernel (each family) and FlashMLA."""
-    rows = record["decode"]["rows"]
+    rows = measured_once(record)
     fig, ax = new_figure()
     groups = sorted({(r["kernel"], r.get("family"), r["s_k"]) for r in rows
                      if r.get("h_q") == h_q and r.get("kernel") != "torch" and "GBps" in r})
@@ -203,7 +215,7 @@ def plot_roofline(record, out):
     every decode row of the kernels, h_q 16 and h_q 128 marked apart."""
     pk = record["peaks"]
     read, mma = pk["read_GBps"], pk["mma_sync_bf16_TFLOPS"]
-    rows = [r for r in record["decode"]["rows"] if "TFLOPS" in r and r.get("GBps")]
+    rows = [r for r in measured_once(record) if "TFLOPS" in r and r.get("GBps")]
     fig, ax = new_figure()
     xs = [r["TFLOPS"] * 1e3 / r["GBps"] for r in rows] or [1.0]
     lo, hi = min(xs) / 2, max(xs) * 2
@@ -222,6 +234,9 @@ def plot_roofline(record, out):
                label=f"ridge {mma * 1e3 / read:.0f} flop/byte")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("arithmetic intensity (flop / byte read)")
     ax.set_ylabel("TFLOPS")
     ax.set_title("MLA decode roofline: h_q 16 memory-bound, h_q 128 compute-bound", fontsize=10)
