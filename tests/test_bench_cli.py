@@ -246,7 +246,7 @@ def test_figures_from_a_synthetic_record(tmp_path, capsys):
         assert head[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", head[16:24])
         assert width > 400 and height > 300
-    cap = plots.caption(rec)
+    cap = plots.caption(rec).replace("\n", " ")
     assert "Synthetic GPU" in cap and rec["date"] in cap and rec["command"] in cap
 
 
