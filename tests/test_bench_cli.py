@@ -295,3 +295,24 @@ def test_profile_print_command_needs_no_gpu(capsys):
     assert profile.main(["decode", "--print-command", "--ncu", "ncu"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("ncu --target-processes all") and "run-one" in line
+
+
+def test_a_failing_section_is_recorded_and_the_others_run(tmp_path, capsys):
+    class LayerBreaks(SyntheticSections):
+        def layer(self, argv, peaks, on_step):
+            raise RuntimeError("layer graph capture failed")
+
+    path = tmp_path / "r.json"
+    rc = cli.main(["--quick", "--json", str(path), "--progress", "none"], sections=LayerBreaks())
+    assert rc == 1
+    rec = json.loads(path.read_text())
+    assert rec["layer"]["error"] == "RuntimeError: layer graph capture failed"
+    assert rec["failures"] == 1 and rec["decode"]["rows"] and rec["formats"]["rows"]
+    assert "Traceback" in open(rec["log"]).read()
+    assert "layer: FAILED RuntimeError" in capsys.readouterr().err
+
+
+def test_compact_json_writes_numpy_scalars():
+    np = pytest.importorskip("numpy")
+    text = results.dumps({"ok": np.bool_(True), "x": np.float32(0.5), "n": np.int64(3)})
+    assert json.loads(text) == {"ok": True, "x": 0.5, "n": 3}

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from kernelflow.bench import progress as progress_mod
 from kernelflow.bench import results
@@ -282,9 +283,41 @@ def label_family(result: dict, family: str) -> dict:
     return result
 
 
+def decode_section(opts, sections, bar, families, peaks) -> dict:
+    """The decode grid of every family, one list of rows labelled with their family."""
+    out = {"rows": [], "errors": [], "by_family": {}, "failures": 0}
+    for fam in families:
+        res = label_family(sections.decode(section_argv(opts, "decode"), peaks, fam, bar.step),
+                           fam)
+        out["rows"] += res.get("rows", [])
+        out["errors"] += res.get("errors", [])
+        out["by_family"][fam] = {k: res.get(k) for k in ("failures", "flashmla_measured",
+                                                          "ratios")}
+        out["failures"] += res.get("failures", 0)
+    return out
+
+
+def formats_section(opts, sections, bar, families, peaks) -> dict:
+    res = sections.decode(section_argv(opts, "formats"), peaks, families[0], bar.step)
+    return {"rows": label_family(res, families[0]).get("rows", []),
+            "failures": res.get("failures", 0)}
+
+
+def layer_section(opts, sections, bar, families, peaks) -> dict:
+    res = sections.layer(section_argv(opts, "layer"), peaks, bar.step)
+    return {k: res.get(k, 0 if k == "failures" else None) for k in (
+        "rows", "gemm_rows", "v3_rows", "method", "versions", "fused_missing", "failures")
+        if res.get(k) is not None or k == "failures"}
+
+
+SECTION_RUNNERS = {"decode": decode_section, "formats": formats_section,
+                   "layer": layer_section}
+
+
 def run(opts, sections, bar, families: list, log_stream) -> dict:
     """Every section asked for, into one record (see results.SCHEMA); the detailed printout of
-    the sections goes to log_stream."""
+    the sections goes to log_stream. A section that raises is recorded with its error (the
+    traceback in the log) and counted as a failure; the others still run."""
     record = results.run_header(opts.argv)
     record.update({"quick": bool(opts.quick), "gpu": sections.gpu(),
                    "versions": results.versions(), "families": families, "failures": 0,
@@ -295,33 +328,18 @@ def run(opts, sections, bar, families: list, log_stream) -> dict:
         record["seconds"]["peaks"] = time.time() - t0
         if "peaks" in opts.sections:
             bar.step("peaks")
-        if "decode" in opts.sections:
+        for name, runner in SECTION_RUNNERS.items():
+            if name not in opts.sections:
+                continue
             t0 = time.time()
-            record["decode"] = {"rows": [], "errors": [], "by_family": {}}
-            for fam in families:
-                res = label_family(sections.decode(section_argv(opts, "decode"), record["peaks"],
-                                                   fam, bar.step), fam)
-                record["decode"]["rows"] += res.get("rows", [])
-                record["decode"]["errors"] += res.get("errors", [])
-                record["decode"]["by_family"][fam] = {
-                    k: res.get(k) for k in ("failures", "flashmla_measured", "ratios")}
-                record["failures"] += res.get("failures", 0)
-            record["seconds"]["decode"] = time.time() - t0
-        if "formats" in opts.sections:
-            t0 = time.time()
-            res = sections.decode(section_argv(opts, "formats"), record["peaks"], families[0],
-                                  bar.step)
-            record["formats"] = {"rows": label_family(res, families[0])["rows"]}
-            record["failures"] += res.get("failures", 0)
-            record["seconds"]["formats"] = time.time() - t0
-        if "layer" in opts.sections:
-            t0 = time.time()
-            res = sections.layer(section_argv(opts, "layer"), record["peaks"], bar.step)
-            record["layer"] = {k: res.get(k) for k in ("rows", "gemm_rows", "v3_rows", "method",
-                                                       "versions", "fused_missing")
-                               if res.get(k) is not None}
-            record["failures"] += res.get("failures", 0)
-            record["seconds"]["layer"] = time.time() - t0
+            try:
+                record[name] = runner(opts, sections, bar, families, record["peaks"])
+            except Exception as e:  # noqa: BLE001  (recorded; the other sections still run)
+                traceback.print_exc(file=log_stream)
+                record[name] = {"rows": [], "error": f"{type(e).__name__}: {e}", "failures": 1}
+                print(f"{name}: FAILED {type(e).__name__}: {e}", file=sys.stderr)
+            record["failures"] += record[name]["failures"]
+            record["seconds"][name] = time.time() - t0
     record["seconds"]["total"] = sum(record["seconds"].values())
     record["clocks_after"] = sections.clocks()
     return record

@@ -15,8 +15,15 @@ import time
 SCHEMA = "kernelflow-bench/1"
 
 
+def _plain(x):
+    """A value json cannot write: NumPy and torch scalars as Python numbers, anything else as
+    its text."""
+    item = getattr(x, "item", None)
+    return item() if callable(item) else str(x)
+
+
 def _inline(x):
-    return json.dumps(x, ensure_ascii=False)
+    return json.dumps(x, ensure_ascii=False, default=_plain)
 
 
 def _flat(x):
