@@ -51,6 +51,7 @@ import torch
 from kernelflow import reference as kf_ref
 from kernelflow.bench import peaks as peaks_mod
 from kernelflow.bench.baselines import torch_mla
+from kernelflow.bench.timing import event_times_ms
 
 try:
     from kernelflow.bench.baselines import triton_mla
@@ -162,14 +163,7 @@ def time_unit(unit, calls_per_unit: int, replays: int, use_graph: bool = True) -
         mode = "eager"
     run = graph.replay if graph is not None else unit
     run()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for a, z in zip(starts, stops):
-        a.record()
-        run()
-        z.record()
-    torch.cuda.synchronize()
-    ms = [a.elapsed_time(z) / calls_per_unit for a, z in zip(starts, stops)]
+    ms = [t / calls_per_unit for t in event_times_ms(run, replays)]
     del graph
     return {"us": statistics.median(ms) * 1e3, "us_min": min(ms) * 1e3, "timing": mode}
 

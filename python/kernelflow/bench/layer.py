@@ -65,6 +65,7 @@ import kernelflow as kf
 from kernelflow import reference as kf_ref
 from kernelflow.bench import peaks as peaks_mod
 from kernelflow.bench.baselines import torch_layer as tl
+from kernelflow.bench.timing import event_times_ms
 
 ANCHOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors",
                       "h200-flashmla-torch-2026-11-30.json")
@@ -156,14 +157,7 @@ def time_calls(fn, replays: int, warmups: int, device) -> dict:
         fn()
     synchronize(device)
     if device.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        for start, stop in zip(starts, stops):
-            start.record()
-            fn()
-            stop.record()
-        torch.cuda.synchronize(device)
-        us = [1e3 * a.elapsed_time(z) for a, z in zip(starts, stops)]
+        us = [1e3 * t for t in event_times_ms(fn, replays)]
     else:
         us = []
         for _ in range(replays):
