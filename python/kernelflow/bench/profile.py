@@ -33,10 +33,14 @@ METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM throughput (% of peak)",
     "dram__bytes_read.sum.per_second": "DRAM read bandwidth",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy (% of max warps)",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active":
+        "tensor pipe active, all tensor instructions (% of cycles)",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active":
         "tensor pipe, mma.sync (HMMA) active (% of cycles)",
     "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active":
         "tensor pipe, wgmma (GMMA) active (% of cycles; sm_90)",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum":
+        "shared-memory bank conflicts, all (ldmatrix included)",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "shared-memory bank conflicts, loads",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum":
         "shared-memory bank conflicts, stores",
