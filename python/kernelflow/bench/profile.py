@@ -160,7 +160,7 @@ def profile_decode(args) -> int:
         print(" ".join(ncu_command(args, ncu)))
         return 0
     if not os.path.exists(ncu) and shutil.which(ncu) is None:
-        print(f"ncu (Nsight Compute) not found: put it on PATH or pass --ncu PATH")
+        print("ncu (Nsight Compute) not found: put it on PATH or pass --ncu PATH")
         return 1
     metrics, missing = usable_metrics(ncu)
     cmd = ncu_command(args, ncu, metrics)
