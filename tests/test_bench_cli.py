@@ -316,3 +316,42 @@ def test_compact_json_writes_numpy_scalars():
     np = pytest.importorskip("numpy")
     text = results.dumps({"ok": np.bool_(True), "x": np.float32(0.5), "n": np.int64(3)})
     assert json.loads(text) == {"ok": True, "x": 0.5, "n": 3}
+
+
+@pytest.mark.gpu
+@pytest.mark.needs_torch
+def test_bench_on_the_gpu(tmp_path, capsys):
+    """The real measurements, small: the decode with the device's family and the portable one (a
+    child process with KF_KERNEL_FAMILY=sm80), and the 8-bit formats, each checked against the
+    float64 reference inside the run."""
+    path = tmp_path / "gpu.json"
+    rc = cli.main(["--sections", "decode", "formats", "--families", "auto", "sm80",
+                   "--no-baselines", "--peaks-from-spec", "--progress", "none", "--json",
+                   str(path), "--decode-args", "--h-q 16 128 --batch 1 4 --s-k 1024 --replays 5",
+                   "--formats-args", "--s-k 1024 --batch 4 --replays 5"])
+    rec = json.loads(path.read_text())
+    assert rc == 0, open(rec["log"]).read()[-3000:]
+    assert rec["gpu"]["name"] and rec["gpu"]["num_sms"] > 0
+    assert rec["gpu"]["clocks"]["source"] in ("NVML (nvidia-ml-py)", "nvidia-smi")
+    ours = [r for r in rec["decode"]["rows"] if r["kernel"] == "kernelflow"]
+    assert sorted((r["family"], r["h_q"], r["b"]) for r in ours) == sorted(
+        (f, h, b) for f in ("auto", "sm80") for h in (16, 128) for b in (1, 4))
+    for r in ours:
+        assert r["check"]["ok"], r
+        assert r["timing"] == "graph" and 0 < r["us"] < 1e4
+        assert 0 < r["frac_read_peak"] < 1.5 and 0 < r["frac_mma_peak"] < 1.5
+    fmts = {r["format"]: r for r in rec["formats"]["rows"]}
+    assert set(fmts) == set(cli.FORMATS)
+    assert all(r["check"]["ok"] and r["us"] > 0 for r in fmts.values())
+    assert 0.3 < fmts["fp8_e4m3"]["speedup_vs_bf16"] < 3
+    assert "kernelflow bench" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.needs_torch
+def test_profile_layer_kernel_count_on_the_gpu(capsys):
+    rc = profile.main(["layer", "--batch", "1", "--layers", "27", "--s-k", "256"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    per_layer = float(out.split(" per layer")[0].rsplit(" ", 1)[-1])
+    assert 1 <= per_layer <= 8
