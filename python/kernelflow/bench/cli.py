@@ -80,8 +80,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--peaks-from-spec", action="store_true",
                     help="use docs/spec.md's H200 peaks instead of measuring them")
     ap.add_argument("--decode-args", default="", metavar="'FLAGS'",
-                    help="extra kernelflow.bench.decode flags for the decode grid, e.g. "
-                         "\"--tune full\" (python -m kernelflow.bench.decode --help)")
+                    help="extra kernelflow.bench.decode flags for the decode grid, given last so "
+                         "they win, e.g. \"--tune full\" or --decode-args=--no-torch (a single "
+                         "flag needs the = form; python -m kernelflow.bench.decode --help)")
     ap.add_argument("--formats-args", default="", metavar="'FLAGS'",
                     help="extra kernelflow.bench.decode flags for the 8-bit sweep")
     ap.add_argument("--layer-args", default="", metavar="'FLAGS'",
