@@ -95,7 +95,9 @@ class SyntheticSections:
                          "unfused": {"eager_us": 200.0, "graph_us": 60.0 + b},
                          "fused": {f: {"us": (floor16 if f == "bf16" else floor8) / 0.8,
                                        "nodes_per_layer": 7.04} for f in cli.FORMATS}})
-        return {"rows": rows, "gemm_rows": [], "v3_rows": [], "failures": 0}
+        v3 = [{"model": "v3", "b": 64, "layers": 4, "floor_us": 100.0, "fused": {"us": 125.0}}]
+        gemm = [{"projection": "w_o", "b": 64, "torch_us": 5.0, "torch_frac_read_peak": 0.5}]
+        return {"rows": rows, "gemm_rows": gemm, "v3_rows": v3, "failures": 0}
 
 
 def run_synthetic(tmp_path, capsys, *extra):
@@ -188,6 +190,8 @@ def test_printed_figures_carry_the_fraction_of_the_bounding_peak(tmp_path, capsy
     assert "(90% read)" in sweep and "(90% read, 1.79x)" in sweep
     layer = next(ln for ln in text.splitlines() if ln.startswith("| 64 |"))
     assert "(80% read)" in layer  # fused: floor / time
+    assert "V3 shape (4 layers), b 64: fused bf16 125.0 us per layer (80% read)" in text
+    assert "torch.matmul alone, us per GEMM (% read): w_o b 64 5.00 (50%)" in text
     assert "Synthetic GPU" in text and rec["command"] in text
 
 

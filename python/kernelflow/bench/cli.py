@@ -427,6 +427,17 @@ def layer_table(record: dict) -> list:
             cells.append("-" if us is None else f"{us:.1f} ({100 * floor / us:.0f}% read)")
         lines.append(f"| {row['b']} | " + " | ".join(cells) +
                      f" | {row['floor_us']['bf16']:.1f} | {row['floor_us']['int8']:.1f} |")
+    for row in record["layer"].get("v3_rows") or []:
+        us = row.get("fused", {}).get("us")
+        if us is not None:
+            lines.append(f"V3 shape ({row['layers']} layers), b {row['b']}: fused bf16 {us:.1f} us "
+                         f"per layer ({100 * row['floor_us'] / us:.0f}% read), floor "
+                         f"{row['floor_us']:.1f}")
+    gemms = [g for g in record["layer"].get("gemm_rows") or [] if "torch_us" in g]
+    if gemms:
+        lines.append("torch.matmul alone, us per GEMM (% read): " + ", ".join(
+            f"{g['projection']} b {g['b']} {g['torch_us']:.2f} "
+            f"({100 * g['torch_frac_read_peak']:.0f}%)" for g in gemms))
     return lines
 
 
