@@ -102,7 +102,7 @@ class SyntheticSections:
 
 def run_synthetic(tmp_path, capsys, *extra):
     path = tmp_path / "run.json"
-    rc = cli.main(["--quick", "--json", str(path), "--progress", "plain", "--families", "auto",
+    rc = cli.main(["--quick", "--json", str(path), "--progress", "plain", "--families", "sm90a",
                    "sm80", *extra],
                   sections=SyntheticSections())
     return rc, json.loads(path.read_text()), capsys.readouterr()
@@ -146,13 +146,13 @@ def test_record_of_a_synthetic_run(tmp_path, capsys):
     assert rec["gpu"]["name"] == "Synthetic GPU" and rec["gpu"]["clocks"]["sm_MHz"] == 1980
     assert rec["clocks_after"]["source"] == "test"
     assert rec["versions"]["python"] and "kernelflow" in rec["versions"]
-    assert rec["families"] == ["auto", "sm80"]
+    assert rec["families"] == ["sm90a", "sm80"]
     assert rec["peaks"] == PEAKS
     assert rec["anchors"]["source"] == cli.ANCHOR_LABEL and rec["anchors"]["rows"]
     # The quick grid: h_q 16/128 x b 1/64 x s_k 4096, four kernels, for each family.
     dec = rec["decode"]["rows"]
     assert len(dec) == 2 * 2 * 1 * 4 * 2
-    assert {r["family"] for r in dec} == {"auto", "sm80"}
+    assert {r["family"] for r in dec} == {"sm90a", "sm80"}
     for r in dec:
         for key in ("kernel", "h_q", "b", "s_k", "us", "GBps", "TFLOPS", "frac_read_peak",
                     "frac_mma_peak"):
@@ -171,7 +171,7 @@ def test_record_of_a_synthetic_run(tmp_path, capsys):
     # Every step of the plan advanced the bar once.
     steps = [ln for ln in out.err.splitlines() if ln.startswith("[")]
     assert len(steps) == cli.plan_steps(cli.build_parser().parse_args(["--quick"]),
-                                        ["auto", "sm80"]) == 1 + 8 + 3 + 2
+                                        ["sm90a", "sm80"]) == 1 + 8 + 3 + 2
     assert steps[-1].startswith(f"[{len(steps)}/{len(steps)}]")
 
 
@@ -180,8 +180,8 @@ def test_printed_figures_carry_the_fraction_of_the_bounding_peak(tmp_path, capsy
     text = out.out
     # h_q 16 sits below the ridge (read-bound), h_q 128 above it (mma-bound); kernelflow runs at
     # 90% of the roof, Triton 60%, PyTorch 30%, FlashMLA's figure 80%.
-    assert "| auto | 16 | 4096 | 64 |" in text
-    line16 = next(ln for ln in text.splitlines() if ln.startswith("| auto | 16 | 4096 | 64 |"))
+    assert "| sm90a | 16 | 4096 | 64 |" in text
+    line16 = next(ln for ln in text.splitlines() if ln.startswith("| sm90a | 16 | 4096 | 64 |"))
     assert "(90% read)" in line16 and "(60% read)" in line16 and "(30% read)" in line16
     line128 = next(ln for ln in text.splitlines() if ln.startswith("| sm80 | 128 | 4096 | 64 |"))
     assert "(90% mma)" in line128 and "(80% mma)" in line128
@@ -212,14 +212,20 @@ def test_sections_and_families_options(tmp_path, capsys):
 
 def test_default_families():
     info = "kernelflow 0.1.0; cuda archs 80 86 89 90; cuda runtime 13.0"
+    hopper = "kernelflow 0.1.0; cuda archs 86 90 90a; cuda runtime 13.0"
     assert cli.built_archs(info) == ["80", "86", "89", "90"]
-    assert cli.built_archs("kernelflow 0.1.0; cuda archs 90 90a; cuda runtime 13.0") == ["90",
-                                                                                        "90a"]
-    assert cli.default_families(info, "90", "") == ["auto", "sm80"]
-    assert cli.default_families(info, "86", "") == ["auto"]
-    assert cli.default_families("kernelflow 0.1.0; cuda archs 86; x", "90", "") == ["auto"]
-    assert cli.default_families(info, "90", "sm80") == ["sm80"]
-    assert cli.default_families("kernelflow 0.1.0; cpu-only; x", "", "auto") == ["auto"]
+    assert cli.built_families(info) == ["sm80"]
+    assert cli.built_families(hopper) == ["sm80", "sm90a"]
+    assert cli.built_families("kernelflow 0.1.0; cpu-only; cuda runtime none") == []
+    # 9.0 with the sm90a family: it runs here, the portable family in a child; without it (or
+    # on another device) the portable family alone.
+    assert cli.default_families(hopper, "90", "") == ["sm90a", "sm80"]
+    assert cli.default_families(hopper, "90", "auto") == ["sm90a", "sm80"]
+    assert cli.default_families(info, "90", "") == ["sm80"]
+    assert cli.default_families(hopper, "86", "") == ["sm80"]
+    assert cli.default_families(hopper, "90", "sm80") == ["sm80"]
+    assert cli.process_family(hopper, "90", "sm80") == "sm80"
+    assert cli.process_family(hopper, "89", "") == "sm80"
 
 
 def test_clock_line_parsing():
@@ -325,21 +331,25 @@ def test_compact_json_writes_numpy_scalars():
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 def test_bench_on_the_gpu(tmp_path, capsys):
-    """The real measurements, small: the decode with the device's family and the portable one (a
-    child process with KF_KERNEL_FAMILY=sm80), and the 8-bit formats, each checked against the
-    float64 reference inside the run."""
+    """The real measurements, small: the decode with every family the build has for this device
+    and the 8-bit formats, each row checked against the float64 reference inside the run."""
+    import kernelflow as kf
+
+    families = cli.default_families(kf.build_info(), results.gpu_info(0)["sm"],
+                                    os.environ.get("KF_KERNEL_FAMILY", ""))
     path = tmp_path / "gpu.json"
-    rc = cli.main(["--sections", "decode", "formats", "--families", "auto", "sm80",
-                   "--no-baselines", "--peaks-from-spec", "--progress", "none", "--json",
-                   str(path), "--decode-args", "--h-q 16 128 --batch 1 4 --s-k 1024 --replays 5",
+    rc = cli.main(["--sections", "decode", "formats", "--no-baselines", "--peaks-from-spec",
+                   "--progress", "none", "--json", str(path), "--decode-args",
+                   "--h-q 16 128 --batch 1 4 --s-k 1024 --replays 5",
                    "--formats-args", "--s-k 1024 --batch 4 --replays 5"])
     rec = json.loads(path.read_text())
     assert rc == 0, open(rec["log"]).read()[-3000:]
+    assert rec["families"] == families
     assert rec["gpu"]["name"] and rec["gpu"]["num_sms"] > 0
     assert rec["gpu"]["clocks"]["source"] in ("NVML (nvidia-ml-py)", "nvidia-smi")
     ours = [r for r in rec["decode"]["rows"] if r["kernel"] == "kernelflow"]
     assert sorted((r["family"], r["h_q"], r["b"]) for r in ours) == sorted(
-        (f, h, b) for f in ("auto", "sm80") for h in (16, 128) for b in (1, 4))
+        (f, h, b) for f in families for h in (16, 128) for b in (1, 4))
     for r in ours:
         assert r["check"]["ok"], r
         assert r["timing"] == "graph" and 0 < r["us"] < 1e4
@@ -349,6 +359,27 @@ def test_bench_on_the_gpu(tmp_path, capsys):
     assert all(r["check"]["ok"] and r["us"] > 0 for r in fmts.values())
     assert 0.3 < fmts["fp8_e4m3"]["speedup_vs_bf16"] < 3
     assert "kernelflow bench" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.needs_torch
+def test_forced_family_in_a_child_process_on_the_gpu(tmp_path):
+    """A family other than the process's runs in a child with KF_KERNEL_FAMILY set: its rows
+    come back checked and timed, the child's printout goes to the log."""
+    from kernelflow.bench import peaks as peaks_mod
+
+    log = tmp_path / "child.log"
+    steps = []
+    with open(log, "w") as stream:
+        res = cli.GpuSections(stream).decode_child(
+            ["--h-q", "16", "--batch", "2", "--s-k", "512", "--replays", "3"],
+            dict(peaks_mod.SPEC_PEAKS), "sm80", steps.append)
+    rows = [r for r in res["rows"] if r["kernel"] == "kernelflow"]
+    assert len(rows) == 1 and rows[0]["check"]["ok"] and rows[0]["us"] > 0
+    assert not any(r["kernel"] in ("triton", "torch") for r in res["rows"])
+    assert steps == ["decode sm80 h_q=16 b=2 s_k=512 page=64 bf16"]
+    text = open(log).read()
+    assert "== family sm80: " in text and "[h_q=16 b=2 s_k=512 page=64 bf16]" in text
 
 
 @pytest.mark.gpu

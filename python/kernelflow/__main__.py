@@ -11,6 +11,10 @@ def info() -> int:
 
     print(f"kernelflow {kf.__version__}")
     print(f"build: {kf.build_info()}")
+    from kernelflow.bench.cli import built_families
+
+    print(f"kernel families built: {' '.join(built_families(kf.build_info())) or 'none (CPU only)'}"
+          f" (KF_KERNEL_FAMILY=sm80 forces the portable one; docs/design.md)")
     n = kf.cuda_device_count()
     print(f"CUDA devices visible to the library: {n}")
     if n:

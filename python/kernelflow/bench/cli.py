@@ -9,9 +9,10 @@ table (kernelflow.bench.layer). Every figure is printed with its fraction of the
 read peak below the ridge point flops/byte = mma peak / read peak, the mma.sync peak above it), and
 the whole run goes to one JSON (GPU, clocks seen, versions, command, every row).
 
-The families: the process runs the device's default family ("auto"); a family the device could
-also run (the portable sm80 family on a 9.0 device built with 90) runs in a child process with
-KF_KERNEL_FAMILY set, since the library reads that switch once per process (docs/design.md).
+The families: the build's (sm80 always, sm90a when build_info lists 90a) that the device runs.
+The process's own family (the device's best, or the one KF_KERNEL_FAMILY forces) runs here; any
+other runs in a child process with KF_KERNEL_FAMILY set, since the library reads that switch once
+per process (docs/design.md).
 
 The measurements sit behind one object (GpuSections) so that the record, the fractions and the
 printed tables can be checked on the CPU with synthetic timings (tests/test_bench_cli.py).
@@ -71,8 +72,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                     metavar="NAME", help=f"what to run, of {' '.join(SECTIONS)} (default: all)")
     ap.add_argument("--families", nargs="+", metavar="NAME",
-                    help="kernel families to time the decode with (auto, sm80, ...; default: "
-                         "every family the build has for this device)")
+                    help="kernel families to time the decode with (sm80, sm90a; default: every "
+                         "family the build has that this device runs, its own first)")
     ap.add_argument("--no-baselines", action="store_true",
                     help="the decode without the Triton, PyTorch, FlashMLA and FlashInfer rows")
     ap.add_argument("--peaks-json", metavar="PATH",
@@ -151,16 +152,30 @@ def built_archs(build_info: str) -> list:
     return m.group(1).split() if m else []
 
 
-def default_families(build_info: str, device_sm: str, env_family: str) -> list:
-    """The decode's families to time: the one this process runs (the device's best, or the one
-    KF_KERNEL_FAMILY forces), and the portable sm80 family beside it on a 9.0 device whose build
-    has 90 (where the device's best can be the sm90a family)."""
+def built_families(build_info: str) -> list:
+    """The kernel families of a build: the portable sm80 family with any CUDA code, sm90a when
+    the build lists its 90a code (CMakeLists.txt adds "90a" to the architectures then)."""
+    archs = built_archs(build_info)
+    return (["sm80"] if archs else []) + (["sm90a"] if "90a" in archs else [])
+
+
+def process_family(build_info: str, device_sm: str, env_family: str) -> str:
+    """The family this process's decodes run: the one KF_KERNEL_FAMILY forces, else the
+    device's best in this build (docs/design.md, pick_family: sm90a on 9.0 when built)."""
     if env_family not in ("", "auto"):
-        return [env_family]
-    out = ["auto"]
-    if device_sm == "90" and "90" in built_archs(build_info):
-        out.append("sm80")
-    return out
+        return env_family
+    return "sm90a" if device_sm == "90" and "sm90a" in built_families(build_info) else "sm80"
+
+
+def default_families(build_info: str, device_sm: str, env_family: str) -> list:
+    """The decode's families to time: this process's first, then every other family of the
+    build the device runs (the portable one everywhere, sm90a on 9.0 only), unless
+    KF_KERNEL_FAMILY forces one."""
+    own = process_family(build_info, device_sm, env_family)
+    if env_family not in ("", "auto"):
+        return [own]
+    runs = [f for f in built_families(build_info) if f == "sm80" or device_sm == "90"]
+    return [own] + [f for f in runs if f != own]
 
 
 def gpu_missing() -> str | None:
@@ -208,7 +223,11 @@ class GpuSections:
         return d.get_peaks(args)
 
     def decode(self, argv: list, peaks: dict, family: str, on_step) -> dict:
-        if family == "auto" or family == os.environ.get("KF_KERNEL_FAMILY"):
+        import kernelflow as kf
+
+        own = process_family(kf.build_info(), results.gpu_info(0)["sm"],
+                             os.environ.get("KF_KERNEL_FAMILY", ""))
+        if family == own:
             from kernelflow.bench import decode as d
 
             args = d.parse_args(argv)
