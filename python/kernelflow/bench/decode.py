@@ -51,6 +51,7 @@ import torch
 from kernelflow import reference as kf_ref
 from kernelflow.bench import peaks as peaks_mod
 from kernelflow.bench.baselines import torch_mla
+from kernelflow.bench.results import plain
 from kernelflow.bench.timing import event_times_ms
 
 try:
@@ -627,7 +628,7 @@ def main(argv=None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+            json.dump(out, f, indent=1, default=plain)
         log(f"wrote {args.json}")
     return 1 if out["failures"] else 0
 

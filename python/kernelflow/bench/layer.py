@@ -65,6 +65,7 @@ import kernelflow as kf
 from kernelflow import reference as kf_ref
 from kernelflow.bench import peaks as peaks_mod
 from kernelflow.bench.baselines import torch_layer as tl
+from kernelflow.bench.results import plain
 from kernelflow.bench.timing import event_times_ms
 
 ANCHOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors",
@@ -642,7 +643,7 @@ def save(args, out):
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(out, f, indent=1, default=str)
+        json.dump(out, f, indent=1, default=plain)
 
 
 def get_peaks(args, device) -> dict:

@@ -15,15 +15,21 @@ import time
 SCHEMA = "kernelflow-bench/1"
 
 
-def _plain(x):
-    """A value json cannot write: NumPy and torch scalars as Python numbers, anything else as
-    its text."""
-    item = getattr(x, "item", None)
-    return item() if callable(item) else str(x)
+def plain(x):
+    """A value json cannot write: a NumPy or torch scalar as a Python number, an array or tensor
+    as a list, anything else as its text."""
+    for name in ("item", "tolist"):
+        convert = getattr(x, name, None)
+        if callable(convert):
+            try:
+                return convert()
+            except (ValueError, RuntimeError, TypeError):  # item() of a multi-element array
+                continue
+    return str(x)
 
 
 def _inline(x):
-    return json.dumps(x, ensure_ascii=False, default=_plain)
+    return json.dumps(x, ensure_ascii=False, default=plain)
 
 
 def _flat(x):
