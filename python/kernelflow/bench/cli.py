@@ -524,8 +524,11 @@ def main(argv=None, sections=None) -> int:
     print("\n".join(summary(record)))
     print(f"wrote {opts.json} (the sections' printout: {log_path})")
     if opts.figures:
-        from kernelflow.bench import plots
-
-        for path in plots.draw_all(record, opts.figures):
-            print(f"wrote {path}")
+        try:
+            from kernelflow.bench import plots
+        except ImportError as e:
+            print(f"no figures: {e} (pip install matplotlib, or kernelflow[bench])")
+        else:
+            for path in plots.draw_all(record, opts.figures):
+                print(f"wrote {path}")
     return 1 if record["failures"] else 0
