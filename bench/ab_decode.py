@@ -3,7 +3,8 @@
 
 Each build is a folder importable as `kernelflow` (an in-tree build's `<build>/python`, or a
 `pip install --target` folder). The runs alternate A, B, A, B, ... (--runs pairs), each a fresh
-process of bench/bench_decode.py in its cache-format mode without the reference checks (the GPU
+process of `python -m kernelflow.bench.decode` (the benchmark module of the build under test) in
+its cache-format mode without the reference checks (the GPU
 tests establish correctness), so both builds see the same GPU state drift. The table gives each
 cell's median over the runs of each build and the ratio B / A (> 1: B slower).
 
@@ -20,11 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def run_one(pythonpath: str, args, out_json: str) -> list:
-    cmd = [sys.executable, os.path.join(HERE, "bench_decode.py"), "--no-check", "--formats",
+    cmd = [sys.executable, "-m", "kernelflow.bench.decode", "--no-check", "--formats",
            *args.formats, "--h-q", *map(str, args.h_q), "--batch", *map(str, args.batch),
            "--s-k", *map(str, args.s_k), "--json", out_json]
     if args.peaks_json:

@@ -3,7 +3,8 @@
 # Python module in place: build/gpu/python is importable, no pip install), then the GPU tests (C++
 # and Python), the benchmarks and the sanitizers, and a short table last.
 #   usage: bash scripts/gpu_check.sh [tests|bench|layer|sanitize|all]...   (default: tests bench)
-#   env:   BENCH_ARGS (bench_decode.py's options), LAYER_ARGS (bench_layer.py's), OUT (/tmp/kf-out)
+#   env:   BENCH_ARGS (python -m kernelflow bench's options, default --quick), LAYER_ARGS
+#          (python -m kernelflow.bench.layer's), OUT (/tmp/kf-out)
 # Needs .deps/googletest carried along for the C++ tests (the GPU image has no packaged GTest).
 # Exit status 1 when a step fails: the build, ctest (also when it finds no tests), the GPU pytest
 # run, a benchmark's checks or the sanitizers.
@@ -49,14 +50,16 @@ if [[ " $modes " == *" tests "* || " $modes " == *" all "* ]]; then
 fi
 
 if [[ " $modes " == *" bench "* || " $modes " == *" all "* ]]; then
-  # BENCH_ARGS narrows the grid (default: the full grid of the issue).
-  python3 bench/bench_decode.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -60
-  if [ "${PIPESTATUS[0]}" = 0 ]; then note "bench: see table above ($(( $(date +%s) - t0 )) s)"
-  else fail "bench: a check FAILED or the run broke (see bench.log)"; fi
+  # The whole benchmark (peaks, decode per family beside the baselines, 8-bit sweep, layer), its
+  # record and figures; BENCH_ARGS="" runs the full one (under 10 min), the default the quick one.
+  python3 -m kernelflow bench ${BENCH_ARGS---quick} --progress plain --json "$OUT/bench.json" \
+    --log "$OUT/bench_detail.log" --figures "$OUT/figures" 2>&1 | tee "$OUT/bench.log" | tail -70
+  if [ "${PIPESTATUS[0]}" = 0 ]; then note "bench: see tables above ($(( $(date +%s) - t0 )) s)"
+  else fail "bench: a check FAILED or the run broke (see bench.log, bench_detail.log)"; fi
 fi
 
 if [[ " $modes " == *" layer "* || " $modes " == *" all "* ]]; then
-  python3 bench/bench_layer.py ${LAYER_ARGS:-} --json "$OUT/layer.json" 2>&1 | tee "$OUT/layer.log" | tail -70
+  python3 -m kernelflow.bench.layer ${LAYER_ARGS:-} --json "$OUT/layer.json" 2>&1 | tee "$OUT/layer.log" | tail -70
   if [ "${PIPESTATUS[0]}" = 0 ]; then note "layer bench: see table above ($(( $(date +%s) - t0 )) s)"
   else fail "layer bench: a check FAILED or the run broke (see layer.log)"; fi
 fi

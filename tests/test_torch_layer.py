@@ -1,12 +1,11 @@
-"""The unfused PyTorch layer of the benchmarks (bench/baselines/torch_layer.py) on the CPU against
-a float64 NumPy loop of docs/spec.md section 3, for both model shapes (without and with query
-compression), with the library's attention (CPU backend) and with a float64 torch attention."""
+"""The unfused PyTorch layer of the benchmarks (kernelflow.bench.baselines.torch_layer) on the CPU
+against a float64 NumPy loop of docs/spec.md section 3, for both model shapes (without and with
+query compression), with the library's attention (CPU backend) and with a float64 torch
+attention."""
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from kernelflow import reference as ref
 
 pytestmark = pytest.mark.needs_torch
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 PAGE = 16
 SEQLENS = [1, 5, 16, 70, 130]  # one token, a partial page, a full page, several pages
 MAX_LAYER_COS_DIST = 1e-4  # the fused layer's bound (docs/spec.md section 3), bf16 intermediates
@@ -26,11 +24,8 @@ MAX_LAYER_COS_DIST = 1e-4  # the fused layer's bound (docs/spec.md section 3), b
 def tl():
     import torch  # noqa: F401  (skipped by the needs_torch marker when missing)
 
-    sys.path.insert(0, BENCH)
-    try:
-        from baselines import torch_layer
-    finally:
-        sys.path.remove(BENCH)
+    from kernelflow.bench.baselines import torch_layer
+
     return torch_layer
 
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Turn a benchmark run's output into the compact JSON kept in docs/results/.
 
-The benchmark scripts write everything they know (bench/bench_decode.py --json keeps each Triton
-configuration tried, unrounded floats, indented one value per line). docs/results/ keeps one file
-per benchmark, the latest run, with the GPU, date, versions, commit and command inside and one
-row per line, so a reader can diff two runs and the figures can be regenerated from it
-(bench/plot_results.py).
+The benchmark modules write everything they know (python3 -m kernelflow.bench.decode --json keeps
+each Triton configuration tried, unrounded floats, indented one value per line). docs/results/
+keeps one file per benchmark, the latest run, with the GPU, date, versions, commit and command
+inside and one row per line, so a reader can diff two runs and the figures can be regenerated from
+it (kernelflow.bench.plots). The one-row-per-line writer is kernelflow.bench.results.dumps, which
+`python -m kernelflow bench` uses too (so this tool needs kernelflow importable).
 
-    # decode grid (bench_decode.py --json), into docs/results/decode_h200.json
+    # decode grid (kernelflow.bench.decode --json), into docs/results/decode_h200.json
     python3 tools/compact_results.py bench $OUT/bench.json docs/results/decode_h200.json \\
         --commit $(git rev-parse --short HEAD) --driver 580.159.04 \\
-        --command "python3 bench/bench_decode.py --tune quick --json \\$OUT/bench.json"
+        --command "python3 -m kernelflow.bench.decode --tune quick --json \\$OUT/bench.json"
     # the format runs go under one key each of docs/results/formats_h200.json
     python3 tools/compact_results.py bench $OUT/formats.json docs/results/formats_h200.json \\
         --key grid --log $OUT/formats.txt --commit ... --command "..."
@@ -18,7 +19,7 @@ row per line, so a reader can diff two runs and the figures can be regenerated f
     python3 tools/compact_results.py accuracy $OUT/accuracy.txt docs/results/accuracy_8bit.json \\
         --commit ... --command "python3 bench/accuracy_8bit.py"
 
-`--log` reads the device, versions and date from the header that bench_decode.py prints (its
+`--log` reads the device, versions and date from the header that kernelflow.bench.decode prints (its
 --formats and --sk-sweep JSON do not carry them). Nothing here needs a GPU.
 """
 from __future__ import annotations
@@ -29,11 +30,13 @@ import os
 import re
 import sys
 
-# Keys of a bench_decode.py row that a reader or the figures use; everything else is dropped
+from kernelflow.bench.results import dumps
+
+# Keys of a kernelflow.bench.decode row that a reader or the figures use; everything else is dropped
 # (the Triton search's "tried" list, us_min, the number of cache copies).
 ROW_KEYS = ("kernel", "format", "h_q", "s_q", "b", "s_k", "page", "dtype", "workers", "us",
             "GBps", "TFLOPS", "frac_read_peak", "frac_mma_peak", "metadata_us", "timing",
-            "config", "note", "check", "error")
+            "config", "note", "check", "error", "speedup_vs_bf16", "family")
 CHECK_KEYS = ("ok", "worst_row_cos_dist", "lse_max_abs_err", "whole_output_cos_dist", "nan")
 DIGITS = {"us": 2, "metadata_us": 2, "GBps": 1, "TFLOPS": 2, "frac_read_peak": 4,
           "frac_mma_peak": 4}
@@ -74,7 +77,7 @@ def compact_peaks(peaks):
 
 
 def header_from_log(path):
-    """device, versions and date from the first line bench_decode.py prints."""
+    """device, versions and date from the first line kernelflow.bench.decode prints."""
     with open(path) as f:
         first = f.readline()
     m = re.match(r"device: (.*?), \d+ SMs.*?; torch (\S+), triton (\S+); (.*)$", first.strip())
@@ -89,14 +92,15 @@ def bench_run(raw, args):
     if args.cuda:
         versions["cuda"] = args.cuda
     run = {
-        "benchmark": "bench/bench_decode.py",
+        "benchmark": "kernelflow.bench.decode",
         "what": args.what,
         "device": raw.get("device") or log.get("device"),
         "driver": args.driver,
         "date": args.date or raw.get("date") or log.get("date"),
         "commit": args.commit,
         "versions": versions,
-        "command": args.command or "python3 bench/bench_decode.py " + " ".join(raw.get("argv", [])),
+        "command": args.command or ("python3 -m kernelflow.bench.decode "
+                                    + " ".join(raw.get("argv", []))),
         "peaks": compact_peaks(raw.get("peaks")),
     }
     rows = [compact_row(r) for r in raw["rows"]]
@@ -137,43 +141,6 @@ def accuracy_run(path, args):
     return {k: v for k, v in run.items() if v is not None}
 
 
-def _inline(x):
-    return json.dumps(x, ensure_ascii=False)
-
-
-def _flat(x):
-    """A dict or list of scalars (or of short flat values): written on one line."""
-    if isinstance(x, dict):
-        return all(not isinstance(v, (dict, list)) or (_flat(v) and len(_inline(v)) <= 160)
-                   for v in x.values())
-    if isinstance(x, list):
-        return all(not isinstance(v, (dict, list)) for v in x)
-    return True
-
-
-def dumps(x, indent=0):
-    """JSON with one row (a flat dict) per line: short enough to read, diffable by line."""
-    pad, inner = " " * indent, " " * (indent + 1)
-    if not isinstance(x, (dict, list)) or (_flat(x) and len(_inline(x)) <= 120):
-        return _inline(x)
-    if isinstance(x, list):
-        items = [_inline(v) if _flat(v) and len(_inline(v)) <= 260 else dumps(v, indent + 1)
-                 for v in x]
-        return "[\n" + ",\n".join(inner + s for s in items) + "\n" + pad + "]"
-    lines, line = [], ""
-    for k, v in x.items():
-        item = f"{_inline(k)}: {dumps(v, indent + 1)}"
-        short = not isinstance(v, (dict, list)) and len(item) <= 60
-        if short and line and len(line) + len(item) + 2 <= 100:
-            line += ", " + item  # short scalars share a line
-            continue
-        if line:
-            lines.append(line)
-        line = item
-    lines.append(line)
-    return "{\n" + ",\n".join(inner + s for s in lines) + "\n" + pad + "}"
-
-
 def write(out_path, run, key):
     if key:
         data = {}
@@ -191,7 +158,7 @@ def write(out_path, run, key):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=["bench", "accuracy"])
-    ap.add_argument("raw", help="bench_decode.py --json output, or accuracy_8bit.py's printout")
+    ap.add_argument("raw", help="kernelflow.bench.decode --json output, or accuracy_8bit.py's printout")
     ap.add_argument("out", help="the docs/results/ file to write")
     ap.add_argument("--key", help="write the run under this key of OUT (other keys are kept)")
     ap.add_argument("--commit", required=True, help="the library commit that was measured")

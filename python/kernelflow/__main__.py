@@ -1,4 +1,4 @@
-"""python -m kernelflow {demo,info}"""
+"""python -m kernelflow {demo,info,bench,profile}"""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ def info() -> int:
 
     print(f"kernelflow {kf.__version__}")
     print(f"build: {kf.build_info()}")
+    from kernelflow.bench.cli import built_families
+
+    print(f"kernel families built: {' '.join(built_families(kf.build_info())) or 'none (CPU only)'}"
+          f" (KF_KERNEL_FAMILY=sm80 forces the portable one; docs/design.md)")
     n = kf.cuda_device_count()
     print(f"CUDA devices visible to the library: {n}")
     if n:
@@ -30,11 +34,28 @@ def info() -> int:
     return 0
 
 
+# Subcommands with options of their own: everything after the name goes to their parser
+# (python -m kernelflow bench --help lists them).
+DELEGATED = {
+    "bench": ("kernelflow.bench.cli", "the peaks, the decode regimes per kernel family, the 8-bit "
+              "speedups and the layer table on this GPU, beside the baselines; a JSON of it all"),
+    "profile": ("kernelflow.bench.profile", "one decode configuration under Nsight Compute (its "
+                "key metrics), or the layer graph's kernel count"),
+}
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m kernelflow")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="one DeepSeek-V2-Lite decode step, checked against float64")
     sub.add_parser("info", help="version, build (CUDA architectures), GPUs found")
+    for name, (_, text) in DELEGATED.items():
+        sub.add_parser(name, help=text + f" (python -m kernelflow {name} --help)")
     args = parser.parse_args(argv)
     if args.command == "info":
         return info()

@@ -7,6 +7,7 @@
 #include "capi/dispatch.h"
 #include "capi/error.h"
 #include "capi/layer_validate.h"
+#include "capi/nvtx.h"
 #include "capi/scalar_check.h"
 
 using namespace kf::capi;
@@ -47,6 +48,7 @@ KF_API kf_status kf_layer_graph_create(const kf_layer_config* config,
                                        const kf_layer_io* io, int batch, int num_workers,
                                        DLTensor* workspace, kf_layer_graph** graph) {
   return guarded([&] {
+    const NvtxRange range("kf_layer_graph_create");
     KF_CHECK(check_out_pointer(graph, "graph"));
     const LayerGraphArgs args{config, layers, num_layers, io, batch, num_workers, workspace};
     Device dev;
@@ -63,6 +65,7 @@ KF_API kf_status kf_layer_graph_create(const kf_layer_config* config,
 
 KF_API kf_status kf_layer_graph_launch(kf_layer_graph* graph, void* stream) {
   return guarded([&] {
+    const NvtxRange range("kf_layer_graph_launch");
     KF_CHECK(check_graph(graph));
     return run_layer_graph_launch(graph, stream);
   });

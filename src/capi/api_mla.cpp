@@ -4,6 +4,7 @@
 #include "capi/error.h"
 #include "capi/host_check.h"
 #include "capi/mla_validate.h"
+#include "capi/nvtx.h"
 #include "capi/scalar_check.h"
 
 using namespace kf::capi;
@@ -61,6 +62,7 @@ KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h
                                             int num_workers, kf_kv_format kv_format,
                                             DLTensor* metadata, void* stream) {
   return guarded([&] {
+    const NvtxRange range("kf_mla_metadata");
     Device dev;
     kf::MlaMetadataParams p;
     KF_CHECK(validate_metadata_call(cache_seqlens, h_q, s_q, num_workers, kv_format, metadata,
@@ -77,6 +79,7 @@ KF_API kf_status kf_mla_decode(const DLTensor* q, const DLTensor* kv_cache, kf_k
                                DLTensor* lse, DLTensor* workspace, DLTensor* error_buffer,
                                void* stream) {
   return guarded([&] {
+    const NvtxRange range("kf_mla_decode");
     const DecodeArgs a{q,        kv_cache,      kv_format, block_table, cache_seqlens, metadata,
                        softmax_scale, out,      lse,       workspace,   error_buffer};
     Device dev;
@@ -92,6 +95,7 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
                                  const DLTensor* slot_mapping, DLTensor* error_buffer,
                                  void* stream) {
   return guarded([&] {
+    const NvtxRange range("kf_cache_append");
     Device dev;
     kf::CacheAppendParams p;
     KF_CHECK(validate_append_call(kv, kv_cache, kv_format, slot_mapping, error_buffer, &dev, &p));
@@ -105,6 +109,7 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
 KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache,
                                   kf_kv_format dst_format, void* stream) {
   return guarded([&] {
+    const NvtxRange range("kf_cache_convert");
     Device dev;
     kf::CacheConvertParams p;
     KF_CHECK(validate_convert_call(src_cache, dst_cache, dst_format, &dev, &p));

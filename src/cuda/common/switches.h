@@ -27,6 +27,12 @@ inline bool switch_decode_64_row_tiles() {
   return on;
 }
 
+// KF_NVTX: NVTX ranges around the C API's entry points (src/capi/nvtx.h), for the profilers.
+inline bool switch_nvtx() {
+  static const bool on = detail::env_flag("KF_NVTX");
+  return on;
+}
+
 // KF_KERNEL_FAMILY's value ("" when unset): "sm80" runs the portable family everywhere, "" or
 // "auto" picks per device (cuda/family.h parses it). Unlike the other switches it is read at
 // every CUDA call, not once per process: a test process runs both families by setting it between

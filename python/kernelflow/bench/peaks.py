@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Measured ceilings of this GPU: DRAM read bandwidth and the mma.sync bf16 rate.
 
 (a) read_bw.cu streams a >= 4 GiB buffer with 16-byte loads and writes nothing: best GB/s over a
@@ -6,12 +5,13 @@
 (b) mma_sync.cu issues mma.sync.m16n8k16 bf16 -> fp32 from registers only, on every SM: best
     TFLOPS over warps per block (4/8/16) and blocks per SM (1/2/4).
 
-Kernels are compiled for sm_90 only with nvcc (-cubin) and launched through CuPy; without nvcc,
-CuPy's NVRTC compiles the same source. Timing: CUDA events, best of several launches after a warm-up.
+The probes (probes/*.cu, package data) are compiled for the device's own architecture with nvcc
+(-cubin) and launched through CuPy; without nvcc, CuPy's NVRTC compiles the same source. Timing:
+CUDA events, best of several launches after a warm-up (a ceiling is a best, not a median).
 
-    python3 bench/peaks.py [--json PATH] [--read-gib 4.5]
+    python3 -m kernelflow.bench.peaks [--json PATH] [--read-gib 4.5]
 
-bench_decode.py imports measure_peaks() from here.
+kernelflow.bench.decode, .layer and `python -m kernelflow bench` take measure_peaks() from here.
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ARCH = "sm_90"
+PROBES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes")
 
 # docs/spec.md section 5 (H200, 2026-11-30), for --peaks-from-spec and for comparison.
 SPEC_PEAKS = {"read_GBps": 4429.1, "mma_sync_bf16_TFLOPS": 639.0, "bf16_mm_TFLOPS": 740.8,
@@ -38,20 +37,26 @@ def _nvcc() -> str | None:
     return None
 
 
+def device_arch(cp) -> str:
+    """sm_XY of the current device (the probes use mma.sync bf16: sm_80 or newer)."""
+    return f"sm_{cp.cuda.Device().compute_capability}"  # CuPy gives "90" for 9.0
+
+
 def _load_module(name: str):
-    """CuPy RawModule of bench/peaks/<name>.cu built for sm_90."""
+    """CuPy RawModule of probes/<name>.cu built for the current device."""
     import cupy as cp
 
-    src = os.path.join(HERE, "peaks", name + ".cu")
+    src = os.path.join(PROBES, name + ".cu")
+    arch = device_arch(cp)
     nvcc = _nvcc()
     if nvcc:
         out = os.path.join(tempfile.mkdtemp(prefix="kf_peaks_"), name + ".cubin")
-        subprocess.run([nvcc, f"-arch={ARCH}", "-cubin", "-O3", "-o", out, src], check=True,
+        subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-O3", "-o", out, src], check=True,
                        capture_output=True, text=True)
         return cp.RawModule(path=out)
     with open(src) as f:
         code = f.read()
-    return cp.RawModule(code=code, options=(f"--gpu-architecture={ARCH}", "-std=c++17"))
+    return cp.RawModule(code=code, options=(f"--gpu-architecture={arch}", "-std=c++17"))
 
 
 def _time_ms(cp, launch, reps: int) -> float:
@@ -135,7 +140,7 @@ def measure_peaks(verbose: bool = True, read_gib: float = 4.5) -> dict:
     res = {"device": name, "num_sms": dev.attributes["MultiProcessorCount"],
            "l2_bytes": int(props["l2CacheSize"]), "read_GBps": rd["GBps"],
            "mma_sync_bf16_TFLOPS": mma["TFLOPS"], "read": rd, "mma_sync": mma,
-           "source": "measured in this run (bench/peaks.py)"}
+           "source": "measured in this run (kernelflow.bench.peaks)"}
     if verbose:
         print(f"PEAK read {res['read_GBps']:.1f} GB/s "
               f"(docs/spec.md {SPEC_PEAKS['read_GBps']}), "
@@ -144,11 +149,12 @@ def measure_peaks(verbose: bool = True, read_gib: float = 4.5) -> dict:
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernelflow.bench.peaks",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--read-gib", type=float, default=4.5, help="read buffer size in GiB (>= 4)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     res = measure_peaks(verbose=True, read_gib=args.read_gib)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Correctness of the Triton and torch baselines against the float64 reference
 (kernelflow.reference, through torch_mla.reference).
 
@@ -6,19 +5,17 @@ Covers bf16/fp16, page sizes 16/32/64, h_q 16 and 128, s_q = 1, requests of leng
 partial last page and several pages, scattered pages, NaN in every slot beyond cache_seqlens,
 and several split counts (the merge path). Fresh random inputs per case.
 
-    python3 bench/baselines/selftest.py            # on the GPU
-    TRITON_INTERPRET=1 python3 bench/baselines/selftest.py --device cpu --small   # no GPU
+    python3 -m kernelflow.bench.baselines.selftest            # on the GPU
+    TRITON_INTERPRET=1 python3 -m kernelflow.bench.baselines.selftest --device cpu --small   # no GPU
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from baselines import torch_mla, triton_mla  # noqa: E402
+from kernelflow.bench.baselines import torch_mla, triton_mla
 
 SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale
 

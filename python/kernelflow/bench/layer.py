@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 """Decode-layer benchmark: the fused layer graph (kernelflow.DecodeGraph) against the unfused
-PyTorch layer (bench/baselines/torch_layer.py, attention by kernelflow.mla_decode), on the
+PyTorch layer (kernelflow.bench.baselines.torch_layer, attention by kernelflow.mla_decode), on the
 DeepSeek-V2-Lite attention block of docs/spec.md section 3.
 
 Setup: --layers (27) layers of the V2-Lite shape, each with its own random weights and its own
@@ -12,8 +11,8 @@ step's append; b in --batch (1, 8, 32, 64). Reported in microseconds per layer, 
     int8 caches made by kernelflow.convert_cache from the bf16 ones;
   - the floor: (weights + b * s_k * bytes_per_token) / the read peak, per layer; the weights'
     bytes counted from the shapes (27.5 MB), bytes per token 1152 (bf16) or 644 (8-bit), the read
-    peak measured by bench/peaks.py in this run (as bench_decode.py gets it: --peaks-json reuses a
-    peaks.py result, --peaks-from-spec takes docs/spec.md's);
+    peak measured by kernelflow.bench.peaks in this run (as kernelflow.bench.decode gets it:
+    --peaks-json reuses a peaks result, --peaks-from-spec takes docs/spec.md's);
   - speedups: the unfused graph's time / each one's; kernel nodes per layer: for torch's graph
     counted with cuGraphGetNodes on its cudaGraph_t (CUDAGraph(keep_graph=True); the
     torch.profiler count of one eager step where that is unavailable), for ours g.kernel_nodes;
@@ -40,9 +39,11 @@ layer writing into its own copy of the caches, decoding the same cache format): 
 outputs also against the fused bf16 output (reported); the cache rows the two wrote (bf16); the
 error buffer clean.
 
-    python3 bench/bench_layer.py --json $OUT/layer.json       # everything, ~3 min
-    python3 bench/bench_layer.py --quick --no-unfused         # b 1 and 64, fused only
-    python3 bench/bench_layer.py --device cpu                 # CPU smoke test, tiny shapes
+    python3 -m kernelflow.bench.layer --json $OUT/layer.json       # everything, ~3 min
+    python3 -m kernelflow.bench.layer --quick --no-unfused         # b 1 and 64, fused only
+    python3 -m kernelflow.bench.layer --device cpu                 # CPU smoke test, tiny shapes
+
+`python -m kernelflow bench` runs this module's run() with the peaks it measured once.
 """
 from __future__ import annotations
 
@@ -58,16 +59,17 @@ import time
 import traceback
 from collections import Counter
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import torch
 
-import torch  # noqa: E402
+import kernelflow as kf
+from kernelflow import reference as kf_ref
+from kernelflow.bench import peaks as peaks_mod
+from kernelflow.bench.baselines import torch_layer as tl
+from kernelflow.bench.results import plain
+from kernelflow.bench.timing import event_times_ms
 
-import kernelflow as kf  # noqa: E402
-from baselines import torch_layer as tl  # noqa: E402
-from kernelflow import reference as kf_ref  # noqa: E402
-
-ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
+ANCHOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors",
+                      "h200-flashmla-torch-2026-11-30.json")
 SPEC_LABEL = ("docs/spec.md section 5: unfused PyTorch layer, attention by FlashMLA, H200, "
               "2026-11-30 (not from this run)")
 BYTES_PER_TOKEN = {"bf16": 1152, "fp8_e4m3": 644, "int8": 644}
@@ -87,8 +89,9 @@ def short_err(e: BaseException) -> str:
     return f"{type(e).__name__}: {s[0][:300] if s else ''}"
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description="decode-layer benchmark (see the module docstring)")
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelflow.bench.layer",
+                                 description="decode-layer benchmark (see the module docstring)")
     ap.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 8 32 64")
     ap.add_argument("--layers", type=int, default=None, help="V2-Lite layers (default 27)")
     ap.add_argument("--s-k", type=int, default=None, help="cache length after the append (4096)")
@@ -112,7 +115,8 @@ def parse_args():
                     help="cpu: a smoke test of the same code on tiny shapes (CPU backend)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write everything here (e.g. $OUT/layer.json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     cpu = args.device == "cpu"
     defaults = {"batch": [1, 3] if cpu else ([1, 64] if args.quick else [1, 8, 32, 64]),
                 "layers": 2 if cpu else 27, "s_k": 200 if cpu else 4096,
@@ -154,14 +158,7 @@ def time_calls(fn, replays: int, warmups: int, device) -> dict:
         fn()
     synchronize(device)
     if device.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        for start, stop in zip(starts, stops):
-            start.record()
-            fn()
-            stop.record()
-        torch.cuda.synchronize(device)
-        us = [1e3 * a.elapsed_time(z) for a, z in zip(starts, stops)]
+        us = [1e3 * t for t in event_times_ms(fn, replays)]
     else:
         us = []
         for _ in range(replays):
@@ -425,6 +422,9 @@ def bench_v2_lite(args, shape, weights, peaks, device, gen, out) -> int:
     for b in args.batch:
         log(f"\n== V2-Lite layer, b = {b}, s_k = {args.s_k}, {args.layers} layers, page "
             f"{args.page}")
+        on_shape = getattr(args, "on_shape", None)
+        if on_shape is not None:
+            on_shape(f"layer b={b}")
         row = {"model": "v2_lite", "b": b, "s_k": args.s_k, "layers": args.layers}
         row["floor_us"] = {f: floor_us(wbytes, b, args.s_k, f, peaks["read_GBps"])
                            for f in BYTES_PER_TOKEN}
@@ -643,37 +643,47 @@ def save(args, out):
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(out, f, indent=1, default=str)
+        json.dump(out, f, indent=1, default=plain)
 
 
 def get_peaks(args, device) -> dict:
-    """bench_decode.py's peaks: measured by peaks.py in this run, or --peaks-json, or
+    """kernelflow.bench.decode's peaks: measured in this run, or --peaks-json, or
     --peaks-from-spec (docs/spec.md's); docs/spec.md's on the CPU."""
-    import peaks
-
     if device.type == "cpu":
-        return dict(peaks.SPEC_PEAKS)
+        return dict(peaks_mod.SPEC_PEAKS)
     try:
-        from bench_decode import get_peaks as decode_peaks
+        from kernelflow.bench.decode import get_peaks as decode_peaks
     except Exception as e:  # noqa: BLE001
-        log(f"(bench_decode.py not importable: {short_err(e)}; measuring with peaks.py)")
-        return dict(peaks.SPEC_PEAKS) if args.peaks_from_spec else peaks.measure_peaks()
+        log(f"(kernelflow.bench.decode not importable: {short_err(e)}; measuring the peaks here)")
+        return dict(peaks_mod.SPEC_PEAKS) if args.peaks_from_spec else peaks_mod.measure_peaks()
     return decode_peaks(args)
 
 
-def main() -> int:
-    args = parse_args()
-    t0 = time.time()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
         log("no CUDA device: nothing to benchmark (--device cpu runs the CPU smoke test)")
         return 1
+    out = run(args)
+    save(args, out)
+    log(f"\n{out['failures']} failed checks or errors; {out['seconds']:.0f} s"
+        + (f"; wrote {args.json}" if args.json else ""))
+    if out.get("fused_missing"):
+        log("(the fused rows need kernelflow.DecodeGraph)")
+    return 1 if out["failures"] else 0
+
+
+def run(args, peaks=None) -> dict:
+    """Every section of the layer benchmark; returns the run as a dict ("failures" counts the
+    failed checks and errors). peaks: the read peak to use, measured here when None."""
+    t0 = time.time()
+    device = torch.device(args.device)
     # cuBLAS may otherwise reduce split-K partials in bf16: the torch layer is the check's
     # reference, so it accumulates in fp32 like the fused layer.
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     out = {"device": "cpu", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "argv": sys.argv[1:], "versions": {
+           "command": "python3 -m kernelflow.bench.layer " + " ".join(args.argv),
+           "argv": args.argv, "versions": {
                "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                "kernelflow": kf.__version__, "kernelflow_build": kf.build_info(),
                "python": platform.python_version()},
@@ -701,7 +711,7 @@ def main() -> int:
         log(f"kernelflow {kf.__version__} has no DecodeGraph / LayerConfig (the fused layer is not "
             f"in this build): the fused rows are skipped")
         out["fused_missing"] = True
-    peaks = get_peaks(args, device)
+    peaks = peaks or get_peaks(args, device)
     out["peaks"] = peaks
     log(f"read peak used: {peaks['read_GBps']:.0f} GB/s ({peaks['source']})")
 
@@ -721,12 +731,7 @@ def main() -> int:
     print_tables(args, out, peaks, v2, v3)
     out["seconds"] = time.time() - t0
     out["failures"] = fails
-    save(args, out)
-    log(f"\n{fails} failed checks or errors; {out['seconds']:.0f} s"
-        + (f"; wrote {args.json}" if args.json else ""))
-    if out.get("fused_missing"):
-        log("(the fused rows need kernelflow.DecodeGraph)")
-    return 1 if fails else 0
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """MLA decode benchmark: kernelflow against a Triton and a PyTorch baseline (and FlashMLA).
 
 For each (h_q, b, s_k), s_q = 1 (--s-q 2..4 with --formats: kernelflow alone, causal), bf16,
@@ -16,11 +15,11 @@ page 64, every request at length s_k:
     --peaks-from-spec);
   - FlashMLA runs if `import flash_mla` works; otherwise docs/spec.md's H200 figures are shown,
     labelled "FlashMLA (docs/spec.md, not this run)"
-    (bench/anchors/h200-flashmla-torch-2026-11-30.json).
+    (anchors/h200-flashmla-torch-2026-11-30.json in this package).
 
-    python3 bench/bench_decode.py --quick --json $OUT/bench.json
-    python3 bench/bench_decode.py --h-q 16 --batch 64 128 --s-k 4096
-    python3 bench/bench_decode.py --baselines-only --quick      # no kernelflow
+    python3 -m kernelflow.bench.decode --quick --json $OUT/bench.json
+    python3 -m kernelflow.bench.decode --h-q 16 --batch 64 128 --s-k 4096
+    python3 -m kernelflow.bench.decode --baselines-only --quick      # no kernelflow
 
 8-bit caches (--formats bf16 fp8_e4m3 int8, kernelflow only): each problem's bf16 cache is
 converted with kernelflow.convert_cache and every format is timed in the same run at equal shapes;
@@ -30,8 +29,11 @@ reference on the unquantized cache (whole-output cosine distance, docs/spec.md s
 fp8, 5e-4 int8).
 --sk-sweep runs s_k 1K..64K at h_q = 16, b = 64 (with --formats, or all three formats).
 
-    python3 bench/bench_decode.py --formats bf16 fp8_e4m3 int8 --h-q 16 --batch 64 128 --s-k 4096
-    python3 bench/bench_decode.py --sk-sweep
+    python3 -m kernelflow.bench.decode --formats bf16 fp8_e4m3 int8 --h-q 16 --batch 64 128 --s-k 4096
+    python3 -m kernelflow.bench.decode --sk-sweep
+
+`python -m kernelflow bench` runs this module's grid, format and sweep modes in one process
+(run_grid, run_formats) with the peaks measured once.
 """
 from __future__ import annotations
 
@@ -44,23 +46,30 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import torch
 
-import torch  # noqa: E402
+from kernelflow import reference as kf_ref
+from kernelflow.bench import peaks as peaks_mod
+from kernelflow.bench.baselines import torch_mla
+from kernelflow.bench.results import plain
+from kernelflow.bench.timing import event_times_ms
 
-from baselines import torch_mla, triton_mla  # noqa: E402
-from kernelflow import reference as kf_ref  # noqa: E402
+try:
+    from kernelflow.bench.baselines import triton_mla
+except ImportError:  # no Triton here: the Triton baseline is left out (make_runners says so)
+    triton_mla = None
 
 SCALE = 0.114721  # DeepSeek-V2-Lite softmax_scale (docs/spec.md section 1)
 DEVICE = "cuda"
 BYTES_PER_TOKEN = 1152
 FORMAT_BYTES = {"bf16": 1152, "fp8_e4m3": 644, "int8": 644}
-ANCHOR = os.path.join(HERE, "anchors", "h200-flashmla-torch-2026-11-30.json")
+ANCHOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors",
+                      "h200-flashmla-torch-2026-11-30.json")
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description="MLA decode benchmark (see the module docstring)")
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelflow.bench.decode",
+                                 description="MLA decode benchmark (see the module docstring)")
     ap.add_argument("--h-q", type=int, nargs="+", default=[16, 128])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
     ap.add_argument("--s-k", type=int, nargs="+", default=[4096, 16384])
@@ -75,6 +84,7 @@ def parse_args():
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--peaks-from-spec", action="store_true",
                     help="use docs/spec.md's H200 peaks instead of measuring them")
     ap.add_argument("--peaks-json", help="use the peaks that a `peaks.py --json` run wrote")
@@ -93,7 +103,8 @@ def parse_args():
                     "--formats (kernelflow only: the baselines cover s_q = 1)")
     ap.add_argument("--sk-sweep", action="store_true",
                     help="s_k 1K..64K at h_q 16, b 64, over --formats (default all three)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.s_q != 1 and not (args.formats or args.sk_sweep):
         ap.error("--s-q > 1 needs --formats (the Triton, torch and FlashMLA baselines cover s_q = 1)")
     if args.sk_sweep:
@@ -122,7 +133,14 @@ def short_err(e: BaseException) -> str:
 
 def time_unit(unit, calls_per_unit: int, replays: int, use_graph: bool = True) -> dict:
     """Median (and min) time per call of `unit` (a callable doing calls_per_unit calls), as a
-    replayed CUDA graph; eager event timing if capture fails."""
+    replayed CUDA graph; eager event timing if capture fails.
+
+    triton.testing.do_bench_cudagraph does the same measurement (one graph, CUDA events, median)
+    but unrolls the callable into the graph until a replay lasts `rep` ms: with `unit` already
+    unrolled over the C cache copies that rotate the cache beyond L2, that is thousands of nodes
+    per capture for the short shapes, it fixes the replay count at 10, and a callable that cannot
+    be captured (a baseline that synchronizes) raises instead of falling back to eager timing.
+    So one graph of C calls is replayed here, `replays` times."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -146,14 +164,7 @@ def time_unit(unit, calls_per_unit: int, replays: int, use_graph: bool = True) -
         mode = "eager"
     run = graph.replay if graph is not None else unit
     run()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for a, z in zip(starts, stops):
-        a.record()
-        run()
-        z.record()
-    torch.cuda.synchronize()
-    ms = [a.elapsed_time(z) / calls_per_unit for a, z in zip(starts, stops)]
+    ms = [t / calls_per_unit for t in event_times_ms(run, replays)]
     del graph
     return {"us": statistics.median(ms) * 1e3, "us_min": min(ms) * 1e3, "timing": mode}
 
@@ -330,6 +341,50 @@ class FlashMLARunner:
         return lambda: [self.call(p, i) for i in range(p.copies)]
 
 
+class FlashInferRunner:
+    """flashinfer.mla.BatchMLAPagedAttentionWrapper over the same paged cache: the 512 latent and
+    64 rope columns passed as two strided views of it, one planned wrapper per cache copy (each
+    copy has its own block table) sharing one float workspace, planned before the capture.
+    FlashInfer's own timing helpers are not used: they time one call without the rotation over
+    cache copies that every kernel here gets."""
+
+    name = "flashinfer"
+    WORKSPACE_BYTES = 128 << 20
+
+    def __init__(self, fi):
+        self.fi = fi
+
+    def prepare(self, p: Problem):
+        dev, b = p.kv.device, p.b
+        pages = p.block_tables.shape[2]
+        self.ckv = p.kv[..., :512]
+        self.kpe = p.kv[..., 512:]
+        self.workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=dev)
+        kv_indptr = torch.arange(b + 1, dtype=torch.int32, device=dev) * pages
+        self.out = torch.empty(b, p.h_q, 512, dtype=p.dtype, device=dev)
+        self.wrappers = []
+        for i in range(p.copies):
+            w = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace)
+            w.plan(qo_indptr, kv_indptr, p.block_tables[i].reshape(-1).contiguous(), p.seqlens,
+                   p.h_q, 512, 64, p.page, False, SCALE, p.dtype, p.dtype)
+            self.wrappers.append(w)
+
+    def call(self, p: Problem, i: int):
+        q = p.qs[i][:, 0]
+        return self.wrappers[i].run(q[..., :512], q[..., 512:], self.ckv, self.kpe, out=self.out,
+                                    return_lse=True)
+
+    def check(self, p: Problem):
+        o, lse = self.call(p, 0)
+        torch.cuda.synchronize()
+        # FlashInfer's lse is base 2; the reference's is natural.
+        return torch_mla.check(o[:, None], (lse * math.log(2.0))[:, :, None], *p.ref())
+
+    def unit(self, p: Problem):
+        return lambda: [self.call(p, i) for i in range(p.copies)]
+
+
 # ---- reporting -------------------------------------------------------------------------------------
 
 def shapes(args, dtype, rotate_bytes, label: str):
@@ -340,6 +395,9 @@ def shapes(args, dtype, rotate_bytes, label: str):
         for h_q in args.h_q:
             for b in args.batch:
                 log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {label}]")
+                on_shape = getattr(args, "on_shape", None)
+                if on_shape is not None:
+                    on_shape(f"decode {label} h_q={h_q} b={b} s_k={s_k}")
                 try:
                     p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
                                 args.seed, s_q=args.s_q)
@@ -354,9 +412,10 @@ def shapes(args, dtype, rotate_bytes, label: str):
 
 # ---- 8-bit formats side by side -------------------------------------------------------------
 
-def run_formats(args, pk, dtype, rotate_bytes) -> int:
+def run_formats(args, pk, dtype, rotate_bytes) -> dict:
     """kernelflow on each of args.formats at equal shapes, in this run: time, GB/s (the format's
-    bytes), fraction of the read peak, speedup over bf16, and an accuracy check per format."""
+    bytes), fraction of the read peak, speedup over bf16, and an accuracy check per format. Returns
+    {"device", "argv", "peaks", "rows", "failures"}."""
     import kernelflow as kf
 
     log(f"kernelflow: {kf.__file__}; formats {' '.join(args.formats)}")
@@ -408,7 +467,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                 nbytes = p.bytes - p.cache_bytes + b * s_k * FORMAT_BYTES[fmt]
                 gbps = nbytes / (t["us"] * 1e-6) / 1e9
                 row.update({"us": t["us"], "GBps": gbps,
-                            "frac_read_peak": gbps / pk["read_GBps"]})
+                            "frac_read_peak": gbps / pk["read_GBps"], "timing": t["timing"]})
                 res[fmt] = row
                 del kv
             except Exception as e:  # noqa: BLE001
@@ -439,13 +498,13 @@ def run_formats(args, pk, dtype, rotate_bytes) -> int:
                 cells.append(f"{by['bf16']['us'] / r['us']:.2f}x" if r and "bf16" in by else "-")
         log(f"| {h_q} | {b} | {s_k} | " + " | ".join(cells) + " |")
     log("(speedup: bf16 time / the format's time, same run, same shapes)")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "argv": sys.argv[1:], "peaks": pk,
-                       "rows": rows}, f, indent=1, default=str)
-        log(f"wrote {args.json}")
-    return 1 if fails else 0
+    for r in rows:
+        base = next((x for x in rows if x["format"] == "bf16" and "us" in x
+                     and (x["h_q"], x["b"], x["s_k"]) == (r["h_q"], r["b"], r["s_k"])), None)
+        if base is not None and "us" in r and r["format"] != "bf16":
+            r["speedup_vs_bf16"] = base["us"] / r["us"]
+    return {"device": torch.cuda.get_device_name(0), "argv": args.argv, "peaks": pk,
+            "rows": rows, "failures": fails}
 
 
 def load_spec_flashmla():
@@ -469,17 +528,15 @@ def get_peaks(args):
             log(f"could not read {args.peaks_json} ({short_err(e)}); measuring")
     if not args.peaks_from_spec:
         try:
-            import peaks
             t0 = time.time()
-            res = peaks.measure_peaks(verbose=True)
+            res = peaks_mod.measure_peaks(verbose=True)
             log(f"(peaks measured in {time.time() - t0:.1f}s)")
             return res
         except Exception as e:  # noqa: BLE001
             log(f"peaks.py failed ({short_err(e)}); falling back to docs/spec.md's peaks")
-    import peaks
-    return {"read_GBps": peaks.SPEC_PEAKS["read_GBps"],
-            "mma_sync_bf16_TFLOPS": peaks.SPEC_PEAKS["mma_sync_bf16_TFLOPS"],
-            "source": peaks.SPEC_PEAKS["source"]}
+    return {"read_GBps": peaks_mod.SPEC_PEAKS["read_GBps"],
+            "mma_sync_bf16_TFLOPS": peaks_mod.SPEC_PEAKS["mma_sync_bf16_TFLOPS"],
+            "source": peaks_mod.SPEC_PEAKS["source"]}
 
 
 def perf(p: Problem, us: float, pk: dict) -> dict:
@@ -495,31 +552,33 @@ def fmt_perf(r: dict) -> str:
             f"{r['TFLOPS']:6.1f} TFLOPS ({100 * r['frac_mma_peak']:5.1f}% mma.sync)")
 
 
-def main() -> int:
-    args = parse_args()
-    if not torch.cuda.is_available():
-        log("no CUDA device: nothing to benchmark")
-        return 1
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+def triton_version() -> str:
+    return triton_mla.triton.__version__ if triton_mla is not None else "not installed"
+
+
+def gpu_setup(args) -> dict:
+    """The run's device facts and numeric settings, with the header line printed; the torch
+    matmul settings the baseline's check needs."""
     # cuBLAS may otherwise reduce split-K partials in 16 bits: the torch baseline's worst row then
     # sits near the 1e-5 cosine threshold (7-9e-6 measured at s_k 4096).
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60 << 20)
-    num_sms = props.multi_processor_count
-    rotate_bytes = args.rotate_mb * 1e6 if args.rotate_mb else 4 * l2
-    log(f"device: {props.name}, {num_sms} SMs, L2 {l2 / 2**20:.0f} MiB; torch {torch.__version__}"
-        f", triton {triton_mla.triton.__version__}; {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    log(f"argv: {' '.join(sys.argv[1:])}")
-    pk = get_peaks(args)
-    log(f"peaks used: read {pk['read_GBps']:.0f} GB/s, mma.sync bf16 "
-        f"{pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS ({pk['source']})")
-    if args.formats:
-        return run_formats(args, pk, dtype, rotate_bytes)
+    ctx = {"device": props.name, "num_sms": props.multi_processor_count, "l2_bytes": l2,
+           "dtype": torch.bfloat16 if args.dtype == "bf16" else torch.float16,
+           "rotate_bytes": args.rotate_mb * 1e6 if args.rotate_mb else 4 * l2}
+    log(f"device: {props.name}, {ctx['num_sms']} SMs, L2 {l2 / 2**20:.0f} MiB; torch "
+        f"{torch.__version__}, triton {triton_version()}; "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    log(f"argv: {' '.join(args.argv)}")
+    return ctx
 
-    runners = []
-    errors = []
+
+def make_runners(args, num_sms: int) -> tuple:
+    """(runners, errors, flashmla_measured): the kernels of this run in order, the import
+    failures, and whether FlashMLA runs here (else its docs/spec.md figures are shown)."""
+    runners, errors = [], []
     if not args.baselines_only:
         try:
             import kernelflow
@@ -528,7 +587,9 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             log(f"kernelflow unavailable ({short_err(e)}); running the baselines only")
             errors.append({"kernel": "kernelflow", "error": short_err(e)})
-    if not args.no_triton:
+    if not args.no_triton and triton_mla is None:
+        log("triton not importable: no Triton row")
+    elif not args.no_triton:
         runners.append(TritonRunner(args.tune, num_sms))
     if not args.no_torch:
         runners.append(TorchRunner())
@@ -539,7 +600,44 @@ def main() -> int:
             runners.append(FlashMLARunner(flash_mla))
             flashmla_measured = True
         except Exception as e:  # noqa: BLE001
-            log(f"flash_mla not importable ({short_err(e)}): showing FlashMLA (docs/spec.md, not this run)")
+            log(f"flash_mla not importable ({short_err(e)}): showing FlashMLA (docs/spec.md, not "
+                f"this run)")
+    if not args.no_flashinfer:
+        try:
+            import flashinfer.mla
+            runners.append(FlashInferRunner(flashinfer))
+        except Exception as e:  # noqa: BLE001
+            log(f"flashinfer not importable ({short_err(e)}): no FlashInfer row (the repo keeps "
+                f"no FlashInfer figures)")
+    return runners, errors, flashmla_measured
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        log("no CUDA device: nothing to benchmark")
+        return 1
+    ctx = gpu_setup(args)
+    pk = get_peaks(args)
+    log(f"peaks used: read {pk['read_GBps']:.0f} GB/s, mma.sync bf16 "
+        f"{pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS ({pk['source']})")
+    if args.formats:
+        out = run_formats(args, pk, ctx["dtype"], ctx["rotate_bytes"])
+    else:
+        out = run_grid(args, pk, ctx)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=plain)
+        log(f"wrote {args.json}")
+    return 1 if out["failures"] else 0
+
+
+def run_grid(args, pk, ctx) -> dict:
+    """Every kernel of this run on every shape of the grid, checked, then timed; the compact
+    table printed last. Returns the run as a dict (rows, speedups, errors, "failures")."""
+    dtype, rotate_bytes = ctx["dtype"], ctx["rotate_bytes"]
+    runners, errors, flashmla_measured = make_runners(args, ctx["num_sms"])
     spec_fm = load_spec_flashmla()
 
     rows = []
@@ -594,7 +692,7 @@ def main() -> int:
             log(f"  {'FlashMLA (docs/spec.md, not this run)':16s}: {fmt_perf(frow)}")
         ratios = {}
         for main_k in ("kernelflow", "triton"):
-            for other in ("triton", "torch", "flashmla", "flashmla_spec"):
+            for other in ("triton", "torch", "flashmla", "flashmla_spec", "flashinfer"):
                 if main_k in res and other in res and other != main_k:
                     ratios[f"{main_k}_speedup_vs_{other}"] = (res[other]["us"] /
                                                               res[main_k]["us"])
@@ -610,7 +708,7 @@ def main() -> int:
 
     fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (docs/spec.md, not this run)"
     fm_key = "flashmla" if flashmla_measured else "flashmla_spec"
-    log("\n## MLA decode, " + f"{props.name}, {args.dtype}, page {args.page}, s_q 1, "
+    log("\n## MLA decode, " + f"{ctx['device']}, {args.dtype}, page {args.page}, s_q 1, "
         f"peaks: read {pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS "
         f"({'measured' if 'measured' in pk['source'] else 'docs/spec.md'})\n")
     log(f"| h_q | b | s_k | KF us | KF GB/s | KF TFLOPS | KF %read | KF %mma | Triton us | "
@@ -639,18 +737,13 @@ def main() -> int:
     log(f"\nchecks: {sum(1 for r in rows if 'check' in r)} run, {n_fail} failed; "
         f"errors: {len(errors)}")
 
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"device": props.name, "num_sms": num_sms, "l2_bytes": l2,
-                       "torch": torch.__version__, "triton": triton_mla.triton.__version__,
-                       "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-                       "peaks": pk, "flashmla_measured": flashmla_measured,
-                       "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "ratios")}
-                                                for t in table],
-                       "errors": errors}, f, indent=1, default=str)
-        log(f"wrote {args.json}")
-    return 1 if n_fail else 0
+    return {"device": ctx["device"], "num_sms": ctx["num_sms"], "l2_bytes": ctx["l2_bytes"],
+            "torch": torch.__version__, "triton": triton_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": args.argv,
+            "peaks": pk, "flashmla_measured": flashmla_measured,
+            "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "ratios")}
+                                     for t in table],
+            "errors": errors, "failures": n_fail}
 
 
 if __name__ == "__main__":
