@@ -10,9 +10,9 @@ read peak below the ridge point flops/byte = mma peak / read peak, the mma.sync 
 the whole run goes to one JSON (GPU, clocks seen, versions, command, every row).
 
 The families: the build's (sm80 always, sm90a when build_info lists 90a) that the device runs.
-The process's own family (the device's best, or the one KF_KERNEL_FAMILY forces) runs here; any
-other runs in a child process with KF_KERNEL_FAMILY set, since the library reads that switch once
-per process (docs/design.md).
+The process's own family (the default, portable one, or the one KF_KERNEL_FAMILY forces) runs
+here; any other runs in a child process with KF_KERNEL_FAMILY set, so that each family's timings
+come from a process that never ran the other (docs/design.md).
 
 The measurements sit behind one object (GpuSections) so that the record, the fractions and the
 printed tables can be checked on the CPU with synthetic timings (tests/test_bench_cli.py).
@@ -160,11 +160,12 @@ def built_families(build_info: str) -> list:
 
 
 def process_family(build_info: str, device_sm: str, env_family: str) -> str:
-    """The family this process's decodes run: the one KF_KERNEL_FAMILY forces, else the
-    device's best in this build (docs/design.md, pick_family: sm90a on 9.0 when built)."""
-    if env_family not in ("", "auto"):
-        return env_family
-    return "sm90a" if device_sm == "90" and "sm90a" in built_families(build_info) else "sm80"
+    """The family this process's decodes run: the one KF_KERNEL_FAMILY forces (sm90a only
+    where the device is 9.0 and the build has it), else the default, the portable family
+    (docs/design.md, pick_family)."""
+    if env_family == "sm90a" and device_sm == "90" and "sm90a" in built_families(build_info):
+        return "sm90a"
+    return "sm80"
 
 
 def default_families(build_info: str, device_sm: str, env_family: str) -> list:
