@@ -70,8 +70,10 @@ void decode_with(const char* family, const Problem& pr, DeviceProblem& dev, Buil
   CUDA_OK(dev.download_results(res));
 }
 
-// A second decode of the same inputs, with out and lse poisoned in between, gives the same bits.
-void expect_rerun_identical(const Problem& pr, DeviceProblem& dev, Built& res) {
+// A second decode of the same inputs by the family `family` asks for, with out and lse poisoned
+// in between, gives the same bits.
+void expect_rerun_identical(const char* family, const Problem& pr, DeviceProblem& dev, Built& res) {
+  FamilyScope scope(family);
   const auto out1 = res.out.snapshot(), lse1 = res.lse.snapshot();
   res.out.fill<uint16_t>(nan_16(pr.bf16));
   res.lse.fill<float>(std::numeric_limits<float>::quiet_NaN());
@@ -135,7 +137,7 @@ TEST_P(GpuSm90aDecode, MatchesCpuBackendLikeThePortableFamily) {
     SCOPED_TRACE("sm_90a family");
     decode_with("sm90a", pr, dev, res);
     expect_close_to(res, cpu);
-    expect_rerun_identical(pr, dev, res);
+    expect_rerun_identical("sm90a", pr, dev, res);
     if (workers == default_workers) {
       CUDA_OK(dev.download_results(cpu));  // the sm_90a result beside the inputs it came from
       expect_matches_reference(cpu);

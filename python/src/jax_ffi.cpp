@@ -82,12 +82,25 @@ ffi::Error decode(Place place, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache,
                "mla_decode");
 }
 
-ffi::Error append(Place place, ffi::AnyBuffer kv, ffi::Result<ffi::AnyBuffer> kv_cache,
-                  ffi::AnyBuffer slot_pairs, DLTensor* error_buffer, int32_t kv_format) {
+// An updated-in-place result (input_output_aliases): XLA normally gives it the argument's buffer;
+// where the two differ, the argument's contents are copied into the result first, so the update
+// always starts from what the caller passed.
+ffi::Error start_from(const ffi::AnyBuffer& arg, ffi::Result<ffi::AnyBuffer>& result, Place place,
+                      const char* name) {
+  if (arg.untyped_data() == result->untyped_data()) return ffi::Error::Success();
+  if (!kf::jax_ffi::copy_bytes(result->untyped_data(), arg.untyped_data(), arg.size_bytes(), place))
+    return ffi::Error::Internal(std::string("kernelflow.jax: copying ") + name +
+                                " into its aliased result failed");
+  return ffi::Error::Success();
+}
+
+ffi::Error append(Place place, ffi::AnyBuffer kv, ffi::AnyBuffer cache_in,
+                  ffi::Result<ffi::AnyBuffer> kv_cache, ffi::AnyBuffer slot_pairs,
+                  DLTensor* error_buffer, int32_t kv_format) {
   if (!kf::jax_ffi::valid_format(kv_format)) return bad_attr("cache_append", "kv_format", kv_format);
   View kv_v, cache_v, slots_v;
   if (auto e = kv_v.wrap(kv, place, "kv"); e.failure()) return e;
-  // The cache result aliases the cache argument: it holds the cache the caller passed.
+  if (auto e = start_from(cache_in, kv_cache, place, "kv_cache"); e.failure()) return e;
   if (auto e = cache_v.wrap(*kv_cache, place, "kv_cache"); e.failure()) return e;
   if (auto e = slots_v.wrap_int64_pairs(slot_pairs, place, "slot_mapping"); e.failure()) return e;
   return check(kf_cache_append(&kv_v.dl, &cache_v.dl, static_cast<kf_kv_format>(kv_format),
@@ -106,21 +119,23 @@ ffi::Error convert(Place place, ffi::AnyBuffer src, ffi::Result<ffi::AnyBuffer> 
                "convert_cache");
 }
 
-// The error-buffer argument of a *_checked target. Its result aliases it, so the library
-// writes into the result, which holds the argument's contents.
-ffi::Error error_view(ffi::Result<ffi::AnyBuffer> result, Place place, View* view) {
+// The error-buffer argument of a *_checked target: the library writes into its aliased result,
+// which starts from the argument's contents.
+ffi::Error error_view(const ffi::AnyBuffer& arg, ffi::Result<ffi::AnyBuffer> result, Place place,
+                      View* view) {
+  if (auto e = start_from(arg, result, place, "error_buffer"); e.failure()) return e;
   return view->wrap(*result, place, "error_buffer");
 }
 
 ffi::Error decode_checked(Place place, ffi::AnyBuffer q, ffi::AnyBuffer kv_cache,
                           ffi::AnyBuffer block_table, ffi::AnyBuffer cache_seqlens,
-                          ffi::AnyBuffer metadata, ffi::AnyBuffer /*error_in*/,
+                          ffi::AnyBuffer metadata, ffi::AnyBuffer error_in,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                           ffi::Result<ffi::AnyBuffer> workspace,
                           ffi::Result<ffi::AnyBuffer> error_out, float softmax_scale,
                           int32_t kv_format) {
   View errors;
-  if (auto e = error_view(error_out, place, &errors); e.failure()) return e;
+  if (auto e = error_view(error_in, error_out, place, &errors); e.failure()) return e;
   return decode(place, q, kv_cache, block_table, cache_seqlens, metadata, out, lse, workspace,
                 &errors.dl, softmax_scale, kv_format);
 }
@@ -135,19 +150,19 @@ ffi::Error decode_unchecked(Place place, ffi::AnyBuffer q, ffi::AnyBuffer kv_cac
                 nullptr, softmax_scale, kv_format);
 }
 
-ffi::Error append_checked(Place place, ffi::AnyBuffer kv, ffi::AnyBuffer /*cache_in*/,
-                          ffi::AnyBuffer slot_pairs, ffi::AnyBuffer /*error_in*/,
+ffi::Error append_checked(Place place, ffi::AnyBuffer kv, ffi::AnyBuffer cache_in,
+                          ffi::AnyBuffer slot_pairs, ffi::AnyBuffer error_in,
                           ffi::Result<ffi::AnyBuffer> kv_cache,
                           ffi::Result<ffi::AnyBuffer> error_out, int32_t kv_format) {
   View errors;
-  if (auto e = error_view(error_out, place, &errors); e.failure()) return e;
-  return append(place, kv, kv_cache, slot_pairs, &errors.dl, kv_format);
+  if (auto e = error_view(error_in, error_out, place, &errors); e.failure()) return e;
+  return append(place, kv, cache_in, kv_cache, slot_pairs, &errors.dl, kv_format);
 }
 
-ffi::Error append_unchecked(Place place, ffi::AnyBuffer kv, ffi::AnyBuffer /*cache_in*/,
+ffi::Error append_unchecked(Place place, ffi::AnyBuffer kv, ffi::AnyBuffer cache_in,
                             ffi::AnyBuffer slot_pairs, ffi::Result<ffi::AnyBuffer> kv_cache,
                             int32_t kv_format) {
-  return append(place, kv, kv_cache, slot_pairs, nullptr, kv_format);
+  return append(place, kv, cache_in, kv_cache, slot_pairs, nullptr, kv_format);
 }
 
 // ---- bindings: the same argument list on both platforms ----------------------------------

@@ -1,6 +1,11 @@
 #include "jax_ffi_tensor.h"
 
+#include <cstring>
 #include <string>
+
+#if KF_JAX_FFI_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace kf::jax_ffi {
 
@@ -64,6 +69,19 @@ ffi::Error View::wrap_int64_pairs(const ffi::AnyBuffer& buffer, Place place, con
   dl.ndim = 1;
   dl.dtype = DLDataType{kDLInt, 64, 1};
   return ffi::Error::Success();
+}
+
+bool copy_bytes(void* dst, const void* src, size_t bytes, Place place) {
+  if (place.stream == nullptr) {
+    std::memcpy(dst, src, bytes);
+    return true;
+  }
+#if KF_JAX_FFI_CUDA
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                         static_cast<cudaStream_t>(place.stream)) == cudaSuccess;
+#else
+  return false;
+#endif
 }
 
 }  // namespace kf::jax_ffi

@@ -22,6 +22,11 @@ struct Place {
 // The C API's cache formats are 0..3 (kf_kv_format).
 bool valid_format(int32_t kv_format);
 
+// dst[0 .. bytes) = src[0 .. bytes) where the handler runs: memcpy on the CPU, an asynchronous
+// device-to-device copy on the handler's stream on a GPU (false: the copy failed, or the module
+// was built without CUDA).
+bool copy_bytes(void* dst, const void* src, size_t bytes, Place place);
+
 class View {
  public:
   static constexpr int kMaxRank = 4;
