@@ -72,11 +72,11 @@ def test_check_fails_when_a_figure_differs(tmp_path, capsys):
 
 
 def test_write_fills_the_markers_and_keeps_the_rest(tmp_path):
-    path = write_page(tmp_path, "a\n<!-- steps-table part=decode -->\nold\n<!-- /steps-table -->\nz\n")
+    path = write_page(tmp_path, "a\n<!-- steps-table part=decode -->\nSTALE ROW\n<!-- /steps-table -->\nz\n")
     assert steps_table.main(["--write", path]) == 0
     text = open(path).read()
     assert text.startswith("a\n<!-- steps-table part=decode -->\n| id | kind |")
-    assert text.endswith("<!-- /steps-table -->\nz\n") and "old" not in text
+    assert text.endswith("<!-- /steps-table -->\nz\n") and "STALE ROW" not in text
     assert steps_table.main(["--check", path]) == 0
 
 
