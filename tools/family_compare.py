@@ -57,7 +57,7 @@ def load_run(path: str) -> dict:
     return run
 
 
-def family_cell(row: dict, shape: dict, matmul_tflops) -> dict:
+def timing_cell(row: dict, shape: dict, matmul_tflops) -> dict:
     cell = {"us": round(row["us"], 2), "TFLOPS": round(decode_flops(shape) / row["us"] / 1e6, 1),
             "GBps": round(row["GBps"], 1) if row.get("GBps") is not None else None}
     if matmul_tflops:
@@ -67,17 +67,15 @@ def family_cell(row: dict, shape: dict, matmul_tflops) -> dict:
     return {k: v for k, v in cell.items() if v is not None}
 
 
-def flashmla_cell(runs: dict, key: tuple) -> dict | None:
+def flashmla_cell(runs: dict, key: tuple, matmul_tflops) -> dict | None:
     """FlashMLA measured in one of the runs; else the figure a run labelled as from the spec."""
     for kernel, source in (("flashmla", "measured in the {} run"),
                            ("flashmla_spec", "docs/spec.md section 5, not measured in these runs")):
         for name, run in runs.items():
             for row in run["rows"]:
                 if row.get("kernel") == kernel and shape_of(row) == key and row.get("us"):
-                    cell = {"us": round(row["us"], 2), "source": source.format(name)}
-                    if row.get("check"):
-                        cell["check"] = compact_check(row["check"])
-                    return cell
+                    shape = {k: v for k, v in zip(SHAPE_KEYS, key) if v is not None}
+                    return dict(timing_cell(row, shape, matmul_tflops), source=source.format(name))
     return None
 
 
@@ -95,10 +93,10 @@ def compare_rows(runs: dict, matmul_tflops) -> list:
                              f"{dict(zip(SHAPE_KEYS, key))}")
         shape = {k: v for k, v in zip(SHAPE_KEYS, key) if v is not None}
         out = dict(shape)
-        out[first] = family_cell(row, shape, matmul_tflops)
-        out[second] = family_cell(other, shape, matmul_tflops)
+        out[first] = timing_cell(row, shape, matmul_tflops)
+        out[second] = timing_cell(other, shape, matmul_tflops)
         out[f"{first}_speed_over_{second}"] = round(other["us"] / row["us"], 3)
-        fm = flashmla_cell(runs, key)
+        fm = flashmla_cell(runs, key, matmul_tflops)
         if fm:
             out["flashmla"] = fm
             for name in (first, second):
