@@ -40,8 +40,10 @@ def test_pairs_the_families_and_flashmla_of_the_same_run(tmp_path):
                    "--matmul-tflops", "741", "--matmul-source", "spec section 5")
     assert out["commit"] == "463f4e0" and out["device"] == "NVIDIA H200"
     assert out["commands"] == {
-        "sm90a": "python3 bench/bench_decode.py --h-q 128 --json $OUT/x.json",
-        "sm80": "KF_KERNEL_FAMILY=sm80 python3 bench/bench_decode.py --h-q 128 --json $OUT/x.json"}
+        "sm90a": "python3 -m kernelflow.bench.decode --h-q 128 --json $OUT/x.json",
+        "sm80": "KF_KERNEL_FAMILY=sm80 python3 -m kernelflow.bench.decode --h-q 128 --json $OUT/x.json"}
+    assert out["written_by"].startswith(
+        "python3 tools/family_compare.py sm90a=$OUT/a.json sm80=$OUT/b.json --commit 463f4e0 ")
     (row,) = out["rows"]
     flops = 2 * 64 * 128 * 4096 * (576 + 512)
     assert row["sm90a"]["us"] == 290.0 and row["sm80"]["us"] == 319.0

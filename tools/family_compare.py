@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +114,15 @@ def command_of(run: dict, env: str | None, program: str) -> str:
     return (f"{env} " if env else "") + f"{program} {argv}".strip()
 
 
+def written_by(args) -> str:
+    """This tool's command line, the runs named by file name (they lived on the GPU machine)."""
+    argv = [f"{n}=$OUT/{os.path.basename(p)}" for n, p in map(lambda r: parse_named(r, "run"),
+                                                                args.runs)]
+    argv += args.argv_rest
+    return "python3 tools/family_compare.py " + " ".join(shlex.quote(a) if "$OUT" not in a else a
+                                                         for a in argv)
+
+
 def comparison(runs: dict, args) -> dict:
     first = next(iter(runs.values()))
     envs = dict(parse_named(e, "--env") for e in args.env)
@@ -136,6 +146,7 @@ def comparison(runs: dict, args) -> dict:
         out["matmul_bf16_TFLOPS"] = {"TFLOPS": args.matmul_tflops, "source": args.matmul_source}
     if args.note:
         out["note"] = args.note
+    out["written_by"] = written_by(args)
     out["rows"] = compare_rows(runs, args.matmul_tflops)
     return {k: v for k, v in out.items() if v is not None}
 
@@ -149,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--driver", help="NVIDIA driver version (nvidia-smi)")
     ap.add_argument("--env", action="append", default=[], metavar="FAMILY=VAR=VALUE",
                     help="the environment a family's run had, written before its command")
-    ap.add_argument("--program", default="python3 bench/bench_decode.py",
+    ap.add_argument("--program", default="python3 -m kernelflow.bench.decode",
                     help="the benchmark the runs' argv was given to (default: %(default)s)")
     ap.add_argument("--matmul-tflops", type=float,
                     help="the bf16 matrix-multiply peak to give each TFLOPS figure a fraction of")
@@ -157,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--what", help="one line saying what the comparison is")
     ap.add_argument("--note", help="anything a reader needs to read the commands right")
     args = ap.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args.argv_rest = [a for a in given if a not in args.runs]
     if args.matmul_tflops and not args.matmul_source:
         ap.error("--matmul-tflops needs --matmul-source (where the peak comes from)")
     named = [parse_named(r, "run") for r in args.runs]
