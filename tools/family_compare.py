@@ -54,7 +54,8 @@ def load_run(path: str) -> dict:
     except (OSError, ValueError) as e:
         raise SystemExit(f"family_compare.py: cannot read {path}: {e}")
     if not isinstance(run, dict) or not isinstance(run.get("rows"), list):
-        raise SystemExit(f"family_compare.py: {path} has no 'rows' (not a bench_decode --json file)")
+        raise SystemExit(f"family_compare.py: {path} has no 'rows' "
+                         "(not a decode benchmark's --json file)")
     return run
 
 
@@ -131,7 +132,8 @@ def comparison(runs: dict, args) -> dict:
         raise SystemExit(f"family_compare.py: --env names {sorted(unknown)}, not a family given")
     devices = {r.get("device") for r in runs.values()}
     if len(devices) != 1:
-        raise SystemExit(f"family_compare.py: the runs are on different GPUs: {sorted(map(str, devices))}")
+        raise SystemExit("family_compare.py: the runs are on different GPUs: "
+                         f"{sorted(map(str, devices))}")
     out = {
         "what": args.what or f"decode by kernel family ({', '.join(runs)}) in one device call, "
                               "FlashMLA beside them",

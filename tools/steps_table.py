@@ -25,8 +25,8 @@ import os
 import re
 import sys
 
-STEPS_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs",
-                          "results", "steps.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_JSON = os.path.join(ROOT, "docs", "results", "steps.json")
 DEFAULT_PART = "decode"
 BEGIN = re.compile(r"^<!-- steps-table part=(\w+) -->$")
 END = "<!-- /steps-table -->"
@@ -91,7 +91,8 @@ REQUIRED = ("id", "kind", "commit", "change")
 def row(entry: dict) -> str:
     missing = [k for k in REQUIRED if k not in entry]
     if missing:
-        raise ValueError(f"steps.json entry {entry.get('id', '(no id)')!r} lacks {', '.join(missing)}")
+        name = entry.get("id", "(no id)")
+        raise ValueError(f"steps.json entry {name!r} lacks {', '.join(missing)}")
     cells = (f"`{entry['id']}`", entry["kind"], f"`{entry['commit']}`", cell(entry["change"]),
              cell(entry.get("prediction") or "-"), outcome(entry), sources(entry))
     return "| " + " | ".join(cells) + " |"
@@ -155,7 +156,8 @@ def write(path: str, entries: list) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=STEPS_JSON, help="the steps file (default: %(default)s)")
+    ap.add_argument("--json", default=STEPS_JSON,
+                    help="the steps file (default: docs/results/steps.json of this checkout)")
     ap.add_argument("--part", default=DEFAULT_PART,
                     help="print the table of the entries of this part (default: %(default)s)")
     mode = ap.add_mutually_exclusive_group()
