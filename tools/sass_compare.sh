@@ -11,7 +11,7 @@
 # removed. Prints one line per (file, arch) that differs or exists in one tree only, or
 # "identical SASS: N (file, arch) pairs"; exit status 1 if anything differs, 2 if cuobjdump or
 # nvdisasm (which cuobjdump runs) is missing. The bar is identical, not similar: the FP8 decode
-# loop's speed depends on where its code sits (docs/optimization.md), so a change that moves any
+# loop's speed depends on where its code sits (docs/optimization/decode.md), so a change that moves any
 # instruction needs a timed A/B on a GPU instead.
 # Needs nvcc on PATH, and cuobjdump and nvdisasm: from the CUDA toolkit, or pip install
 # nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm into the python3 that runs here.

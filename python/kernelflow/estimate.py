@@ -117,7 +117,7 @@ def _flops(h_q, b, s_k):
 
 
 def _bench_bytes(h_q, b, s_k, kv_format):
-    """The bytes bench/bench_decode.py divides by time for its GB/s."""
+    """The bytes kernelflow.bench.decode divides by time for its GB/s."""
     per_token = 1152 if kv_format == "bf16" else 644
     return b * s_k * per_token + b * h_q * 576 * 2 + b * h_q * 512 * 2
 

@@ -85,7 +85,7 @@ GPUS = {
                    "NVIDIA Ada GPU Architecture whitepaper; CUDA C++ Programming Guide"),
     # H200 datasheet: 4.8 TB/s; GH100 (H100 SXM5 whitepaper): 132 SMs, boost 1980 MHz, 228 KB
     # shared memory per SM, 2048 threads. Tensor rate: mma.sync m16n8k16 bf16 reached 630.3
-    # TFLOPS over all SMs in docs/results/decode_h200.json's run (bench/peaks.py), 0.589 HMMA per
+    # TFLOPS over all SMs in docs/results/decode_h200.json's run (kernelflow.bench.peaks), 0.589 HMMA per
     # clock per SM at 1980 MHz; the nominal 989 TFLOPS is wgmma's, which the portable kernel does
     # not use. Read: the 4638.9 GB/s measured in that run.
     "h200": Gpu("h200", "H200", "sm_90", "sm_90", 132, 1980.0, 4800.0, 4638.9,

@@ -34,7 +34,7 @@ namespace kf {
 constexpr int kSchedBlockN = 64;  // tokens per scheduling tile; pieces start at multiples of it
 // A piece's fixed cost F in tiles, by cache format: what starting a piece costs besides its KV
 // tiles. 1 is the fastest value measured on the H200 for decode + combine with either kind of
-// cache (docs/optimization.md): 0 and 2 are slower at b = 1, FlashMLA's 5 at b = 8 to 128. The
+// cache (docs/optimization/decode.md): 0 and 2 are slower at b = 1, FlashMLA's 5 at b = 8 to 128. The
 // formats keep separate constants: the split is a per-format choice recorded in the metadata,
 // and may differ on other GPUs.
 constexpr int kFixedCost16 = 1;

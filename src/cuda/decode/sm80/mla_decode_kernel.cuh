@@ -49,7 +49,7 @@
 // The parts are forced inline and every array they share lives in the kernel, passed by
 // reference: the tile loop runs at up to 255 registers per thread, and the 8-bit loop's speed
 // depends on where its code lands in the binary (8-11% between placements), so a change to the
-// structure is checked against the disassembly or timed. Measured speeds: docs/optimization.md.
+// structure is checked against the disassembly or timed. Measured speeds: docs/optimization/decode.md.
 #pragma once
 
 #include <cuda_runtime.h>
