@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compare two kernel families' decode runs: two bench_decode JSONs into one compact file.
 
-Each input is the --json output of one decode benchmark run (kernelflow.bench.decode, bench/bench_decode.py before it moved, or
-kernelflow.bench.decode) made with one kernel family (KF_KERNEL_FAMILY), on the same GPU and in
+Each input is the --json output of one decode benchmark run (kernelflow.bench.decode, formerly
+bench/bench_decode.py) made with one kernel family (KF_KERNEL_FAMILY), on the same GPU and in
 the same device call. The output keeps, per shape, each family's time, throughput and check,
 FlashMLA's time where a run measured it (else the figure the run labelled as FlashMLA's from
 docs/spec.md, marked so), and the speed ratios, with the GPU, date, commit and the commands:
