@@ -36,7 +36,7 @@ METRICS = {
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active":
         "tensor pipe active, all tensor instructions (% of cycles)",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active":
-        "tensor pipe, mma.sync (HMMA) active (% of cycles)",
+        "tensor pipe, HMMA op active (% of cycles; the sm_90a wgmma kernel counts here too)",
     "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active":
         "tensor pipe, wgmma (GMMA) active (% of cycles; sm_90)",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum":
