@@ -18,7 +18,8 @@ from kernelflow.bench import cli, profile, results
 PEAKS = {"read_GBps": 4000.0, "mma_sync_bf16_TFLOPS": 600.0, "source": "synthetic"}
 OPTIONS = ("--quick", "--json", "--log", "--verbose", "--sections", "--families",
            "--no-baselines", "--peaks-json", "--peaks-from-spec", "--decode-args",
-           "--formats-args", "--layer-args", "--figures", "--progress", "--estimate")
+           "--formats-args", "--layer-args", "--figures", "--progress", "--summary",
+           "--estimate")
 
 
 def traffic(h_q, b, s_k, fmt=None):
@@ -193,6 +194,13 @@ def test_printed_figures_carry_the_fraction_of_the_bounding_peak(tmp_path, capsy
     assert "V3 shape (4 layers), b 64: fused bf16 125.0 us per layer (80% read)" in text
     assert "torch.matmul alone, us per GEMM (% read): w_o b 64 5.00 (50%)" in text
     assert "Synthetic GPU" in text and rec["command"] in text
+
+
+def test_summary_reprints_a_run_without_a_gpu(tmp_path, capsys):
+    rc, rec, out = run_synthetic(tmp_path, capsys)
+    assert cli.main(["--summary", str(tmp_path / "run.json")]) == 0
+    again = capsys.readouterr().out
+    assert again.strip() and again.strip() in out.out  # the run's own tables, line for line
 
 
 def test_sections_and_families_options(tmp_path, capsys):

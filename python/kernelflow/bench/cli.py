@@ -95,6 +95,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--progress", choices=["auto", "rich", "tqdm", "plain", "none"],
                     default="auto", help="progress bar: rich or tqdm when installed "
                                          "(pip install kernelflow[bench]), else plain lines")
+    ap.add_argument("--summary", metavar="JSON",
+                    help="print the tables of an earlier run's JSON (e.g. "
+                         "docs/optimization/kernelflow_bench.json) and exit; no GPU needed")
     ap.add_argument("--estimate", action="store_true",
                     help="print the Ampere estimate from the SASS (kernelflow.estimate; no GPU "
                          "needed) and exit")
@@ -500,6 +503,10 @@ def main(argv=None, sections=None) -> int:
     opts.argv = argv
     if opts.estimate:
         return run_estimate()
+    if opts.summary:
+        with open(opts.summary) as f:
+            print("\n".join(summary(json.load(f))))
+        return 0
     if sections is None:
         why = gpu_missing()
         if why:
