@@ -249,11 +249,45 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
   if (threadIdx.x == 0) g.counters[tile] = 0;
 }
 
+// The cp.async ring every GEMM block runs over its nk stages of K: the weights of the first
+// kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
+// their X after it; then per stage i: wait until it has landed for every thread (which also frees
+// stage i - 1's buffer), request stage i + kStages - 1 into that buffer, multiply stage i. acc
+// starts at zero; the kernel's dependents may launch once the ring is drained.
+template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply>
+__device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW load_w, LoadX load_x,
+                                          Multiply multiply) {
+  constexpr int kAhead = kStages - 1;
+  for (int i = 0; i < kAhead; ++i)
+    if (i < nk) load_w(i);
+  pdl_wait();  // X is the previous kernel's output
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < nk) load_x(i);
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
+    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
+    const int next = i + kAhead;
+    if (next < nk) {
+      load_w(next);
+      load_x(next);
+    }
+    cp_async_commit();
+    multiply(i);
+  }
+  cp_async_wait<0>();
+  pdl_launch_dependents();
+}
+
 // Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned.
 template <int MT, WeightLayout L>
 __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t* smem) {
   using Shape = GemmShape<MT>;
-  constexpr int kAhead = Shape::kStages - 1;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tile = bid % g.tiles, split = bid / g.tiles;
   const GemmTileId id = gemm_tile_id(g, tile);
@@ -262,34 +296,12 @@ __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t
   const int kt0 = split * stages / g.splits, kt1 = (split + 1) * stages / g.splits;
   const int nk = kt1 - kt0;
   auto stage_ptr = [&](int i) { return smem + (i % Shape::kStages) * Shape::kStageBytes; };
-
-  for (int i = 0; i < kAhead; ++i)
-    if (i < nk) gemm_load_w<L>(stage_ptr(i), op, id.n0, (kt0 + i) * kLayerGemmTileK, tid);
-  pdl_wait();  // X is the previous kernel's output
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < nk) gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid);
-    cp_async_commit();
-  }
-
   float acc[MT][4];
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-
-  for (int i = 0; i < nk; ++i) {
-    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
-    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
-    const int next = i + kAhead;
-    if (next < nk) {
-      gemm_load_w<L>(stage_ptr(next), op, id.n0, (kt0 + next) * kLayerGemmTileK, tid);
-      gemm_load_x<MT>(stage_ptr(next), op, g.m, (kt0 + next) * kLayerGemmTileK, tid);
-    }
-    cp_async_commit();
-    gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane);
-  }
-  cp_async_wait<0>();
-  pdl_launch_dependents();
+  gemm_ring<Shape::kStages>(
+      nk, acc,
+      [&](int i) { gemm_load_w<L>(stage_ptr(i), op, id.n0, (kt0 + i) * kLayerGemmTileK, tid); },
+      [&](int i) { gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid); },
+      [&](int i) { gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane); });
   gemm_epilogue<MT>(g, op, tile, split, id.n0, acc, warp, lane);
 }
 

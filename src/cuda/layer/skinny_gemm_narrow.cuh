@@ -128,40 +128,17 @@ __device__ __forceinline__ void narrow_epilogue(const GemmLaunch& g, const GemmO
 template <int MT>
 __device__ __forceinline__ void narrow_block(const GemmLaunch& g, int bid, uint8_t* smem) {
   using Shape = NarrowShape<MT>;
-  constexpr int kAhead = Shape::kStages - 1;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const GemmTileId id = gemm_tile_id(g, bid, kGemmNarrowTileN);
   const GemmOperands op = gemm_operands(g, id);
   const int nk = (g.k + kNarrowStageK - 1) / kNarrowStageK;
   auto stage_ptr = [&](int i) { return smem + (i % Shape::kStages) * Shape::kStageBytes; };
-
-  for (int i = 0; i < kAhead; ++i)
-    if (i < nk) narrow_load_w(stage_ptr(i), op, id.n0, i * kNarrowStageK, g.k, tid);
-  pdl_wait();  // X is the previous kernel's output
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < nk) narrow_load_x<MT>(stage_ptr(i), op, g.m, i * kNarrowStageK, g.k, tid);
-    cp_async_commit();
-  }
-
   float acc[MT][4];
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-
-  for (int i = 0; i < nk; ++i) {
-    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
-    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
-    const int next = i + kAhead;
-    if (next < nk) {
-      narrow_load_w(stage_ptr(next), op, id.n0, next * kNarrowStageK, g.k, tid);
-      narrow_load_x<MT>(stage_ptr(next), op, g.m, next * kNarrowStageK, g.k, tid);
-    }
-    cp_async_commit();
-    narrow_stage_mma<MT>(acc, stage_ptr(i), warp, lane);
-  }
-  cp_async_wait<0>();
-  pdl_launch_dependents();
+  gemm_ring<Shape::kStages>(
+      nk, acc,
+      [&](int i) { narrow_load_w(stage_ptr(i), op, id.n0, i * kNarrowStageK, g.k, tid); },
+      [&](int i) { narrow_load_x<MT>(stage_ptr(i), op, g.m, i * kNarrowStageK, g.k, tid); },
+      [&](int i) { narrow_stage_mma<MT>(acc, stage_ptr(i), warp, lane); });
   narrow_epilogue<MT>(g, op, id.n0, acc, warp, lane, smem);
 }
 
