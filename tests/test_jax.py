@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-# JAX takes most of a GPU's memory when its GPU backend starts; the PyTorch tests of the same
-# session need some too. Read by JAX when its backend starts, so set before it does.
+# JAX takes most of a GPU's memory when its GPU backend starts; the PyTorch tests in the same
+# pytest process need some too. JAX reads this when its backend starts, so it is set before.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
