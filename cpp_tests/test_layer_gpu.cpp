@@ -126,93 +126,48 @@ bool conflict_free(const TileChunk (&addr)[32], int row_bytes = kf::cuda::kGemmT
   return true;
 }
 
-void check_stage_model(bool kn, int mt) {
-  SCOPED_TRACE(std::string(kn ? "W[k][n]" : "W[n][k]") + " MT " + std::to_string(mt));
-  auto w_val = [](int n, int k) { return float((n * 7 + k * 3) % 11 - 5); };
-  auto x_val = [](int m, int k) { return float((m * 5 + k) % 7 - 3); };
-  // The copy loops' placement (every element of a tile written exactly once).
-  Smem w_tile(64 * 64, 0), x_tile(size_t(8 * mt) * 64, 0);
-  std::vector<int> w_hits(w_tile.size(), 0), x_hits(x_tile.size(), 0);
-  for (int i = 0; i < 64 * 8; ++i) {
-    const TileChunk c = kf::cuda::gemm_copy_chunk(i);
-    for (int e = 0; e < 8; ++e) {
-      const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk) / 2 + e;
-      w_tile[at] = to_bf16(kn ? w_val(8 * c.chunk + e, c.row) : w_val(c.row, 8 * c.chunk + e));
-      ++w_hits[at];
-    }
-  }
-  for (int i = 0; i < 8 * mt * 8; ++i) {
-    const TileChunk c = kf::cuda::gemm_copy_chunk(i);
-    for (int e = 0; e < 8; ++e) {
-      const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk) / 2 + e;
-      x_tile[at] = to_bf16(x_val(c.row, 8 * c.chunk + e));
-      ++x_hits[at];
-    }
-  }
-  for (int h : w_hits) ASSERT_EQ(h, 1);
-  for (int h : x_hits) ASSERT_EQ(h, 1);
-  // gemm_stage_mma for each warp, then the accumulators against the plain sums over 64 k.
-  for (int warp = 0; warp < 4; ++warp) {
-    std::vector<std::array<std::array<float, 4>, 32>> acc(mt);
-    for (auto& a : acc)
-      for (auto& l : a) l.fill(0.f);
-    for (int kk = 0; kk < 2; ++kk) {
-      std::array<Regs4, 32> a[2];
-      for (int st = 0; st < 2; ++st) {
-        TileChunk addr[32];
-        for (int lane = 0; lane < 32; ++lane)
-          addr[lane] = kn ? kf::cuda::gemm_a_chunk_kn(warp, lane, 2 * kk + st)
-                          : kf::cuda::gemm_a_chunk_nk(warp, lane, 2 * kk + st);
-        EXPECT_TRUE(conflict_free(addr));
-        for (int lane = 0; lane < 32; ++lane)
-          for (int q = 0; q < 4; ++q) a[st][lane][q] = ldmatrix_reg(w_tile, addr, lane, q, kn);
-      }
-      for (int j = 0; j < mt; ++j) {
-        TileChunk addr[32];
-        for (int lane = 0; lane < 32; ++lane) addr[lane] = kf::cuda::gemm_b_chunk(j, lane, kk);
-        EXPECT_TRUE(conflict_free(addr));
-        std::array<std::array<uint16_t, 2>, 32> b[4];
-        for (int lane = 0; lane < 32; ++lane)
-          for (int q = 0; q < 4; ++q) b[q][lane] = ldmatrix_reg(x_tile, addr, lane, q, false);
-        mma_model(acc[j], a[0], b[0], b[1]);
-        mma_model(acc[j], a[1], b[2], b[3]);
-      }
-    }
-    for (int j = 0; j < mt; ++j)
-      for (int lane = 0; lane < 32; ++lane)
-        for (int e = 0; e < 4; ++e) {
-          const int m = kf::cuda::gemm_acc_row(j, lane, e), n = kf::cuda::gemm_acc_col(warp, lane, e);
-          float want = 0.f;
-          for (int k = 0; k < 64; ++k) want += x_val(m, k) * w_val(n, k);
-          ASSERT_EQ(acc[j][lane][e], want) << "warp " << warp << " j " << j << " lane " << lane << " e " << e;
-        }
-  }
+// A kernel's stage as the model replays it: the tiles' rows, where each warp's A fragments and
+// k range are, and which output column an accumulator holds.
+struct StageGeometry {
+  const char* name;
+  bool kn;        // the weight stored W[k][n] (rows k, read with ldmatrix.trans)
+  int row_bytes;  // bytes per stored row (kGemmTileRowBytes or kGemmNarrowRowBytes)
+  int w_rows;     // stored weight rows per stage
+  bool narrow;    // the narrow kernel: every warp holds columns 0-15 over its own 64 k
+};
+
+TileChunk model_a_chunk(const StageGeometry& g, int warp, int lane, int ks) {
+  if (g.narrow) return kf::cuda::gemm_a_chunk_narrow(warp, lane, ks);
+  return g.kn ? kf::cuda::gemm_a_chunk_kn(warp, lane, ks) : kf::cuda::gemm_a_chunk_nk(warp, lane, ks);
 }
 
-// The narrow kernel's stage (skinny_gemm_narrow.cuh): 16 weight rows and 8 MT X rows of 256 k;
-// warp w's products over k 64 w .. 64 w + 63 land in its accumulators at warp 0's positions.
-void check_narrow_stage_model(int mt) {
-  SCOPED_TRACE("narrow MT " + std::to_string(mt));
-  constexpr int kRow = kf::cuda::kGemmNarrowRowBytes, kK = kRow / 2;
+// The copy loops' placement (every element of a stage written exactly once), then
+// gemm_stage_mma / narrow_stage_mma for each warp through the instruction model, and the
+// accumulators against the plain sums over the warp's 64 k.
+void check_stage_model(const StageGeometry& g, int mt) {
+  SCOPED_TRACE(std::string(g.name) + " MT " + std::to_string(mt));
   auto w_val = [](int n, int k) { return float((n * 7 + k * 3) % 11 - 5); };
   auto x_val = [](int m, int k) { return float((m * 5 + k) % 7 - 3); };
-  Smem w_tile(16 * kK, 0), x_tile(size_t(8 * mt) * kK, 0);
+  const int row_values = g.row_bytes / 2, chunks = g.row_bytes / 16;
+  Smem w_tile(size_t(g.w_rows) * row_values, 0), x_tile(size_t(8 * mt) * row_values, 0);
   std::vector<int> w_hits(w_tile.size(), 0), x_hits(x_tile.size(), 0);
   auto place = [&](Smem& tile, std::vector<int>& hits, int rows, auto val) {
-    for (int i = 0; i < rows * kRow / 16; ++i) {
-      const TileChunk c = kf::cuda::gemm_copy_chunk(i, kRow);
+    for (int i = 0; i < rows * chunks; ++i) {
+      const TileChunk c = kf::cuda::gemm_copy_chunk(i, g.row_bytes);
       for (int e = 0; e < 8; ++e) {
-        const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk, kRow) / 2 + e;
+        const size_t at = kf::cuda::gemm_swizzle(c.row, c.chunk, g.row_bytes) / 2 + e;
         tile[at] = to_bf16(val(c.row, 8 * c.chunk + e));
         ++hits[at];
       }
     }
   };
-  place(w_tile, w_hits, 16, w_val);
+  place(w_tile, w_hits, g.w_rows,
+        [&](int row, int col) { return g.kn ? w_val(col, row) : w_val(row, col); });
   place(x_tile, x_hits, 8 * mt, x_val);
   for (int h : w_hits) ASSERT_EQ(h, 1);
   for (int h : x_hits) ASSERT_EQ(h, 1);
   for (int warp = 0; warp < 4; ++warp) {
+    const int k0 = g.narrow ? 64 * warp : 0;
     std::vector<std::array<std::array<float, 4>, 32>> acc(mt);
     for (auto& a : acc)
       for (auto& l : a) l.fill(0.f);
@@ -220,20 +175,21 @@ void check_narrow_stage_model(int mt) {
       std::array<Regs4, 32> a[2];
       for (int st = 0; st < 2; ++st) {
         TileChunk addr[32];
+        for (int lane = 0; lane < 32; ++lane) addr[lane] = model_a_chunk(g, warp, lane, 2 * kk + st);
+        EXPECT_TRUE(conflict_free(addr, g.row_bytes));
         for (int lane = 0; lane < 32; ++lane)
-          addr[lane] = kf::cuda::gemm_a_chunk_narrow(warp, lane, 2 * kk + st);
-        EXPECT_TRUE(conflict_free(addr, kRow));
-        for (int lane = 0; lane < 32; ++lane)
-          for (int q = 0; q < 4; ++q) a[st][lane][q] = ldmatrix_reg(w_tile, addr, lane, q, false, kRow);
+          for (int q = 0; q < 4; ++q)
+            a[st][lane][q] = ldmatrix_reg(w_tile, addr, lane, q, g.kn, g.row_bytes);
       }
       for (int j = 0; j < mt; ++j) {
         TileChunk addr[32];
         for (int lane = 0; lane < 32; ++lane)
-          addr[lane] = kf::cuda::gemm_b_chunk(j, lane, kk, 8 * warp);
-        EXPECT_TRUE(conflict_free(addr, kRow));
+          addr[lane] = kf::cuda::gemm_b_chunk(j, lane, kk, g.narrow ? 8 * warp : 0);
+        EXPECT_TRUE(conflict_free(addr, g.row_bytes));
         std::array<std::array<uint16_t, 2>, 32> b[4];
         for (int lane = 0; lane < 32; ++lane)
-          for (int q = 0; q < 4; ++q) b[q][lane] = ldmatrix_reg(x_tile, addr, lane, q, false, kRow);
+          for (int q = 0; q < 4; ++q)
+            b[q][lane] = ldmatrix_reg(x_tile, addr, lane, q, false, g.row_bytes);
         mma_model(acc[j], a[0], b[0], b[1]);
         mma_model(acc[j], a[1], b[2], b[3]);
       }
@@ -241,18 +197,24 @@ void check_narrow_stage_model(int mt) {
     for (int j = 0; j < mt; ++j)
       for (int lane = 0; lane < 32; ++lane)
         for (int e = 0; e < 4; ++e) {
-          const int m = kf::cuda::gemm_acc_row(j, lane, e), n = kf::cuda::gemm_acc_col(0, lane, e);
+          const int m = kf::cuda::gemm_acc_row(j, lane, e);
+          const int n = kf::cuda::gemm_acc_col(g.narrow ? 0 : warp, lane, e);
           float want = 0.f;
-          for (int k = 64 * warp; k < 64 * warp + 64; ++k) want += x_val(m, k) * w_val(n, k);
+          for (int k = k0; k < k0 + 64; ++k) want += x_val(m, k) * w_val(n, k);
           ASSERT_EQ(acc[j][lane][e], want) << "warp " << warp << " j " << j << " lane " << lane << " e " << e;
         }
   }
 }
 
 TEST(LayerGemmStage, InstructionModelGivesThePlainProducts) {
-  for (bool kn : {false, true})
-    for (int mt : {1, 2, 16}) check_stage_model(kn, mt);
-  for (int mt : {1, 2}) check_narrow_stage_model(mt);
+  constexpr int kWide = kf::cuda::kGemmTileRowBytes, kNarrow = kf::cuda::kGemmNarrowRowBytes;
+  const StageGeometry nk{"W[n][k]", false, kWide, 64, false}, kn{"W[k][n]", true, kWide, 64, false},
+      narrow{"narrow W[n][k]", false, kNarrow, 16, true};
+  for (int mt : {1, 2, 16}) {
+    check_stage_model(nk, mt);
+    check_stage_model(kn, mt);
+  }
+  for (int mt : {1, 2}) check_stage_model(narrow, mt);
 }
 
 TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {
