@@ -202,8 +202,8 @@ auto metadata_binding() {
       .template Attr<int32_t>("kv_format");
 }
 
-// q, kv_cache, block_table, cache_seqlens, metadata (then the error buffer when checked).
-// q, kv_cache, block_table, cache_seqlens, metadata (then the error buffer when checked).
+// The decode's operands: q, kv_cache, block_table, cache_seqlens, metadata (then the error
+// buffer when checked); its results out, lse, workspace (then the error buffer).
 template <Platform P, bool kChecked>
 auto decode_binding() {
   auto args = bind<P>()
