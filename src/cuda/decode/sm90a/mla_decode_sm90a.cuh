@@ -324,10 +324,14 @@ __device__ __forceinline__ void store_p_half(const float (&s)[16], const Smem& s
 template <typename T>
 __device__ __forceinline__ void issue_pv(float (&o)[Tr::kPvBlocks][32], const float (&alpha)[2],
                                          const Smem& sm, uint32_t slot, int g) {
+  // The rescale is skipped by a warp none of whose rows moved its max (alpha exactly 1: the
+  // product would be O itself, so the bits are the same either way).
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-  for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
+    for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[nb][i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < 32; ++i) o[nb][i] *= alpha[(i >> 1) & 1];
+  }
 #pragma unroll
   for (int nb = 0; nb < Tr::kPvBlocks; ++nb) reg_fence_all(o[nb]);  // the rescale stays above
   const uint64_t dp = smem_desc_sw128(sm.p_tile(), 16, 1024);
