@@ -3,7 +3,8 @@
 // 64 tokens (scattered, NaN in every unused slot), h_q 16, 64 and 128, s_q 1 and 2, lengths from 0
 // to several 64-token tiles (most not multiples of 64), workers with one piece up to workers with
 // more pieces than a block stages at once; s_q up to 16 (causal, requests shorter than s_q);
-// bit-identical reruns and graph replay. Skips with the reason where the device or the build has
+// bit-identical reruns and graph replay; a non-finite score in the tokens the kernel's second
+// consumer warpgroup scores. Skips with the reason where the device or the build has
 // no sm_90a family (it needs compute capability 9.0 and a build for 90). h_q 16 with s_q 1 runs the portable M16 kernel in both families (the sm_90a
 // family's explicit choice, decode_family_sm90a.cu); every other case runs the wgmma kernel.
 #include "gpu_util.h"
@@ -214,6 +215,61 @@ TEST(GpuSm90aDecodeCausal, ManyQueryTokensMatchCpuBackend) {
     CUDA_OK(dev.download_results(cpu));
     expect_matches_reference(cpu);
   }
+#endif
+}
+
+// docs/spec.md section 6 through the split of a tile between the wgmma kernel's two consumer
+// warpgroups: a NaN or Inf in the rope dims of token 104 of request 1 (tile token 40, scored by
+// warpgroup 1) makes that token's score non-finite, so every row that sees the token (s = 1;
+// with s_q 2 and length 105 row s = 0 sees tokens 0 .. 103) is NaN in all 512 output dims (warpgroup
+// 0's dims get it only through the shared P tile) and in lse; every other row keeps the bits of a
+// clean run. The portable family gives the same NaN rows. One worker per request, and split.
+TEST(GpuSm90aDecodeNonFinite, TokenScoredByTheSecondWarpgroupMakesItsRowsNaN) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  KF_REQUIRE_SM90A();
+  const int bad_req = 1, bad_tok = 104, bad_dim = 540, bad_s = 1;
+  for (const float bad : {NAN, INFINITY})
+    for (const int workers : {3, 7}) {
+      SCOPED_TRACE("bad " + std::to_string(bad) + ", workers " + std::to_string(workers));
+      Problem pr;
+      pr.batch = 3;
+      pr.h_q = 64;
+      pr.s_q = 2;
+      pr.page_size = 32;
+      pr.num_workers = workers;
+      pr.seqlens = {300, 105, 200};
+      auto rng1 = test_rng(7), rng2 = test_rng(7);
+      Built clean = build_problem(pr, rng1), b = build_problem(pr, rng2);
+      const int page = b.block_table.ptr<int32_t>()[bad_req * b.max_pages + bad_tok / pr.page_size];
+      b.cache.ptr<uint16_t>()[(int64_t(page) * pr.page_size + bad_tok % pr.page_size) * 576 +
+                              bad_dim] = to_16(bad, pr.bf16);
+      DeviceProblem dev_clean(clean), dev(b);
+      ASSERT_TRUE(dev_clean.ok() && dev.ok());
+      decode_with("sm90a", pr, dev_clean, clean);
+      for (const char* family : {"sm90a", "sm80"}) {
+        SCOPED_TRACE(std::string("KF_KERNEL_FAMILY=") + family);
+        decode_with(family, pr, dev, b);
+        for (int r = 0; r < pr.batch; ++r)
+          for (int s = 0; s < pr.s_q; ++s)
+            for (int h = 0; h < pr.h_q; ++h) {
+              const size_t li = (size_t(r) * pr.h_q + h) * pr.s_q + s;
+              const float lse = b.lse.ptr<float>()[li], clean_lse = clean.lse.ptr<float>()[li];
+              const std::vector<double> o = out_row(b, r, s, h);
+              const std::string row = std::to_string(r) + "," + std::to_string(s) + "," +
+                                      std::to_string(h);
+              if (r == bad_req && s == bad_s) {
+                ASSERT_TRUE(std::isnan(lse)) << "row " << row << " lse " << lse;
+                for (int d = 0; d < 512; ++d) ASSERT_TRUE(std::isnan(o[d])) << row << " out[" << d << "]";
+              } else if (std::string(family) == "sm90a") {
+                ASSERT_EQ(std::memcmp(&lse, &clean_lse, sizeof(float)), 0) << "row " << row;
+                ASSERT_EQ(o, out_row(clean, r, s, h)) << "row " << row;
+              } else {
+                ASSERT_TRUE(std::isfinite(lse)) << "row " << row;
+              }
+            }
+      }
+    }
 #endif
 }
 

@@ -7,15 +7,17 @@
 // producer warpgroup (warps 8-11). sm_90 allocates registers per warpgroup, so a block of 9
 // warps gets 168 registers per thread like one of 12; setmaxnreg then moves registers from the
 // producers (kProducerRegs) to the consumers (kConsumerRegs), whose 64 x 256 fp32 O (128 per
-// thread) and 64 x 64 scores (32) need more than 168.
+// thread) and 64 x 32 scores (16) need more than 168.
 //   producer   copies each tile's 64 token rows (1152 bytes each) into a ring of kStages slots
 //              with cp.async, zero-filling tokens past the piece and on bad pages, and signals
 //              the slot's `full` mbarrier once its copies have landed;
-//   consumers  both warpgroups compute the same 64 x 64 scores S = Q K^T (wgmma, A and B from
-//              shared memory) and the same online softmax; warpgroup g then adds P V for output
-//              dims 256 g .. 256 g + 255 (wgmma, P from registers, V = the first 512 dims of the
-//              same slot), and every consumer thread arrives on the slot's `empty` mbarrier.
-// Q and the KV slots are stored as 9 column blocks of 64 dims (128 bytes a row), each block
+//   consumers  warpgroup g computes the scores of the tile's tokens 32 g .. 32 g + 31 for the
+//              64 rows (S = Q K^T, wgmma m64n32, A and B from shared memory), the two exchange
+//              their row maxima (the same tile max in both), each writes its half of P to the
+//              shared P tile, and warpgroup g adds P V for output dims 256 g .. 256 g + 255
+//              (wgmma, P and V = the first 512 dims of the slot from shared memory); every
+//              consumer thread then arrives on the slot's `empty` mbarrier.
+// Q, the KV slots and P are stored as column blocks of 64 dims (128 bytes a row), each block
 // kRows rows of 128 bytes with the 128-byte swizzle (wgmma_sm90a.cuh), 1024-byte aligned.
 #pragma once
 
@@ -26,6 +28,7 @@ namespace kf::cuda {
 struct MlaSm90aTraits {
   static constexpr int kBlockM = 64;  // query rows per block (one wgmma M)
   static constexpr int kBlockN = 64;  // KV tokens per tile (the scheduler's tile)
+  static constexpr int kHalfN = kBlockN / 2;  // tokens of a tile whose scores a warpgroup computes
   static constexpr int kStages = 2;
   static constexpr int kConsumerThreads = 256;  // two warpgroups
   static constexpr int kProducerThreads = 128;  // one warpgroup
@@ -41,21 +44,26 @@ struct MlaSm90aTraits {
 
   static constexpr int kMaxPieces = 8;  // pieces of a worker staged in shared memory at once
 
-  // Shared memory (bytes, from a 1024-aligned base): Q | KV ring | token flags | mbarriers |
-  // piece list; plus 1024 bytes to align the base.
+  // Shared memory (bytes, from a 1024-aligned base): Q | KV ring | P | row maxima | row sums |
+  // token flags | mbarriers | piece list; plus 1024 bytes to align the base.
   static constexpr int kColBlockBytes = 64 * 128;  // 64 rows x 128 bytes
   static constexpr int kTileBytes = kColBlocks * kColBlockBytes;
   static constexpr int kQOff = 0;
   static constexpr int kKvOff = kQOff + kTileBytes;
-  static constexpr int kTokOkOff = kKvOff + kStages * kTileBytes;
+  static constexpr int kPOff = kKvOff + kStages * kTileBytes;  // 64 rows x 64 tokens (q dtype)
+  static constexpr int kRowMaxOff = kPOff + kColBlockBytes;     // float [2 groups][kBlockM]
+  static constexpr int kRowSumOff = kRowMaxOff + 2 * kBlockM * 4;  // float [2 groups][kBlockM]
+  static constexpr int kTokOkOff = kRowSumOff + 2 * kBlockM * 4;
   static constexpr int kBarOff = kTokOkOff + kStages * kBlockN;  // full[kStages], empty[kStages]
   static constexpr int kPieceOff = kBarOff + 2 * kStages * 8;
   static constexpr int kPieceBytes = kMaxPieces * 32 + 16;  // + count words
   static constexpr int kSmemUsed = kPieceOff + kPieceBytes;
   static constexpr int kSmemBytes = kSmemUsed + 1024;
 
-  static_assert(kBlockM == 64 && kBlockN == 64, "one m64n64 wgmma per k16 step");
+  static_assert(kBlockM == 64 && kBlockN == 64 && kHalfN == 32,
+                "S: one m64n32 wgmma per warpgroup and k16 step; P V: k = 64 tokens");
   static_assert(kHeadDim % 64 == 0 && kLatentDim % 128 == 0, "");
+  static_assert(kPOff % 1024 == 0, "the P tile is a 1024-aligned swizzled operand");
   static_assert(kBarOff % 8 == 0 && kPieceOff % 16 == 0, "");
   static_assert(kSmemBytes <= 232448, "sm_90 allows 227 KB of shared memory per block");
 };

@@ -1,14 +1,12 @@
 // The Hopper (sm_90a) instructions the sm90a decode kernel is built from, as hand-written PTX:
-// warpgroup MMA (wgmma.mma_async m64n64k16, fp32 accumulators; A from shared memory or from
-// registers), its shared-memory matrix descriptors (128-byte swizzle), the async-proxy fence,
-// mbarriers, and the warpgroup's fence / commit / wait. Compiled for sm_90a only.
+// warpgroup MMA (wgmma.mma_async m64n32k16 and m64n64k16, fp32 accumulators, both operands in
+// shared memory), its shared-memory matrix descriptors (128-byte swizzle), the async-proxy
+// fence, mbarriers, setmaxnreg, and the warpgroup's fence / commit / wait. Compiled for sm_90a
+// only.
 //
-// Accumulator layout of one m64n64 wgmma (PTX ISA, "wgmma register fragments"): warp w of the
+// Accumulator layout of one m64nN wgmma (PTX ISA, "wgmma register fragments"): warp w of the
 // warpgroup holds rows 16 w + lane / 4 and 16 w + lane / 4 + 8; d[4 j + 2 h + e] is row
-// 16 w + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e (j < 8, h, e < 2). The A fragment of the
-// register variant for k16 step k of such a tile is the mma.sync m16n8k16 A layout: a[0] = row
-// lane / 4, columns 16 k + 2 (lane % 4) (+1); a[1] the same 8 rows below; a[2], a[3] the same
-// for columns + 8; so a score accumulator turns into P fragments without moving data.
+// 16 w + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e (j < N / 8, h, e < 2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,58 +55,60 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// The 32 accumulator registers of an m64n64 wgmma as asm operands %0 .. %31.
-#define KF_WGMMA_D_REGS \
+// The accumulator registers of an m64n64 wgmma (32: %0 .. %31) and of an m64n32 one (16:
+// %0 .. %15) as asm operands.
+#define KF_WGMMA_D32_REGS \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
   "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define KF_WGMMA_D_OPERANDS(d) \
+#define KF_WGMMA_D16_OPERANDS(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define KF_WGMMA_D32_OPERANDS(d) KF_WGMMA_D16_OPERANDS(d), \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-// One m64n64k16 wgmma with fp32 accumulators and inputs of PTX type TY ("bf16" or "f16"):
-// SS: A and B from shared-memory descriptors (%32, %33; both K-major); RS: A from registers
-// (%32 .. %35), B from a descriptor (%36, MN-major: imm-trans-b 1). The accumulate flag is the
-// last operand; scale-a and scale-b are 1.
-#define KF_WGMMA_SS(TY)                                                                    \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KF_WGMMA_D_REGS \
-               ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
-               : KF_WGMMA_D_OPERANDS(d)                                                    \
+#define KF_WGMMA_D16_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+// One wgmma with fp32 accumulators and inputs of PTX type TY ("bf16" or "f16"):
+// shape SHAPE, D registers REGS, A and B from the shared-memory descriptors %A and %B (A K-major,
+// B K-major for TRANS_B "0" or MN-major for "1"), D accumulated when the operand %P is not 0;
+// scale-a and scale-b are 1.
+#define KF_WGMMA_SS(SHAPE, TY, REGS, A, B, P, TRANS_B, D_OPERANDS)                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", " A ", " B \
+               ", p, 1, 1, 0, " TRANS_B ";\n}\n"                                            \
+               : D_OPERANDS(d)                                                             \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-#define KF_WGMMA_RS(TY)                                                                    \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KF_WGMMA_D_REGS \
-               ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                            \
-               : KF_WGMMA_D_OPERANDS(d)                                                    \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 
-// D (64 x 64, fp32) = A (64 x 16, shared, K-major) B (16 x 64, shared, K-major: B's rows are
-// the 64 columns of D, 16 contiguous k each) + (accumulate ? D : 0).
+// D (64 x 32, fp32) = A (64 x 16, shared, K-major) B (16 x 32, shared, K-major) +
+// (accumulate ? D : 0).
 template <typename T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                         int accumulate) {
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                             int accumulate) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    KF_WGMMA_SS("bf16");
+    KF_WGMMA_SS("m64n32k16", "bf16", KF_WGMMA_D16_REGS, "%16", "%17", "%18", "0",
+                KF_WGMMA_D16_OPERANDS);
   else
-    KF_WGMMA_SS("f16");
+    KF_WGMMA_SS("m64n32k16", "f16", KF_WGMMA_D16_REGS, "%16", "%17", "%18", "0",
+                KF_WGMMA_D16_OPERANDS);
 }
 
-// D (64 x 64, fp32) = A (64 x 16, registers: the fragment layout above) B (16 x 64, shared,
-// MN-major: 16 rows of 64 contiguous columns) + (accumulate ? D : 0).
+// D (64 x 64, fp32) = A (64 x 16, shared, K-major) B (16 x 64, shared, MN-major: 16 rows of 64
+// contiguous columns, 8-row groups `sbo` apart) + (accumulate ? D : 0).
 template <typename T>
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                         int accumulate) {
+__device__ __forceinline__ void wgmma_ss_bmn(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                             int accumulate) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    KF_WGMMA_RS("bf16");
+    KF_WGMMA_SS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "1",
+                KF_WGMMA_D32_OPERANDS);
   else
-    KF_WGMMA_RS("f16");
+    KF_WGMMA_SS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "1",
+                KF_WGMMA_D32_OPERANDS);
 }
 
 #undef KF_WGMMA_SS
-#undef KF_WGMMA_RS
-#undef KF_WGMMA_D_OPERANDS
-#undef KF_WGMMA_D_REGS
+#undef KF_WGMMA_D16_REGS
+#undef KF_WGMMA_D32_OPERANDS
+#undef KF_WGMMA_D16_OPERANDS
+#undef KF_WGMMA_D32_REGS
 
 // This warpgroup's registers per thread become kRegs (a multiple of 8 in 24 .. 256): dec gives
 // registers back to the block's pool, inc waits until the pool has them.
