@@ -1,9 +1,11 @@
 // The sm_90a decode family: its wgmma kernel (mla_decode_sm90a.cuh) where sm90a_kernel_runs
-// (decode_config_sm90a.h: 16-bit caches, more than 16 query rows), the portable family's kernels
-// for the rest (16 rows or fewer; 8-bit caches), chosen explicitly here with their row tiles and
-// blocks per SM.
+// (decode_config_sm90a.h: 16-bit caches, more than 16 query rows) and the cache has a tensor map
+// (kv_tensor_map_sm90a.h: pages of 8 rows or more), the portable family's kernels for the rest
+// (16 rows or fewer; 8-bit caches; smaller pages), chosen explicitly here with their row tiles
+// and blocks per SM.
 #include "cuda/decode/decode_family.h"
 #include "cuda/decode/sm90a/decode_config_sm90a.h"
+#include "cuda/decode/sm90a/kv_tensor_map_sm90a.h"
 #include "cuda/decode/sm90a/mla_decode_sm90a.h"
 
 namespace kf::cuda {
@@ -15,17 +17,21 @@ int row_tiles(int device, int num_rows, KvFormat kv_format) {
   return sm90a_row_tiles(num_rows);
 }
 
-// One block per SM: its shared memory (Q and two 72 KB KV slots) takes the SM's 228 KB.
+// One block per SM: its shared memory (Q, two 72 KB KV slots, two P tiles) takes the SM's 228 KB.
 int blocks_per_sm(int device, int num_rows, KvFormat kv_format) {
   if (!sm90a_kernel_runs(num_rows, kv_format))
     return kDecodeSm80.blocks_per_sm(device, num_rows, kv_format);
   return 1;
 }
 
+// The wgmma kernel needs the cache's tensor map (pages of at least kMinPageSize rows, a geometry
+// the driver accepts); without one the portable kernel runs the call, with the same metadata.
 cudaError_t run(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (!sm90a_kernel_runs(p.num_rows, p.kv_format)) return kDecodeSm80.run(p, stream);
-  return p.dtype == DType::kBF16 ? run_mla_decode_sm90a<__nv_bfloat16>(p, stream)
-                                 : run_mla_decode_sm90a<__half>(p, stream);
+  CUtensorMap kv_map;
+  if (!sm90a_kernel_runs(p.num_rows, p.kv_format) || !encode_kv_tensor_map(p, &kv_map))
+    return kDecodeSm80.run(p, stream);
+  return p.dtype == DType::kBF16 ? run_mla_decode_sm90a<__nv_bfloat16>(p, kv_map, stream)
+                                 : run_mla_decode_sm90a<__half>(p, kv_map, stream);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// MLA decode, the sm_90a kernel for 16-bit caches (wgmma). One block = (worker, 64-row tile).
+// MLA decode, the sm_90a kernel for 16-bit caches (wgmma, tensor copies). One block = (worker,
+// 64-row tile).
 //
 // What: the portable kernel's contract (mla_decode_kernel.cuh): for each piece (request, token
 // range) of its worker, o = softmax(scale q k^T) v over the piece's tokens for the tile's 64
@@ -7,39 +8,37 @@
 // check and the empty rows of a foreign metadata are the portable family's
 // (mla_decode_pipeline.cuh), so both families read and write the same bytes.
 //
-// Roles (mla_decode_sm90a_traits.h): warps 8-11 are the producer warpgroup, warps 0-7 two
-// consumer warpgroups.
-//   producer   for every tile of the round's pieces, in order: wait for the slot's `empty`
-//              barrier, copy the 64 token rows with cp.async (16-byte chunks into the 128-byte
-//              swizzled column blocks; src-size 0 zero-fills tokens past the piece and on bad
-//              pages, so no NaN in page padding reaches an MMA, and flags them in tok_ok), then,
-//              once the previous tile's copies landed (cp.async.wait_group 1), fence them into
-//              the async proxy and arrive on that slot's `full` barrier. The cache is paged, so
-//              a TMA tensor map (one per cache, addressing whole boxes) would need a box per page
-//              row-chunk; per-token cp.async handles any page size and the bad-page rule the same
-//              way as the portable loader.
-//   consumers  per piece: Q (64 rows x 576 dims) into shared memory; per tile, warpgroup g
-//              (0, 1) owns the tile's tokens 32 g .. 32 g + 31 for the scores and output dims
-//              256 g .. 256 g + 255 for O, so no product is computed twice:
-//                S_g = Q K_g^T (36 wgmma m64n32k16 steps, both operands in shared memory);
-//                the online softmax of docs/spec.md on S_g (natural-log lse; causal limit per
-//                row; masked tokens -inf; a seen non-finite score turns its row NaN), with the
-//                row max over both halves exchanged through shared memory;
-//                P_g (q dtype) into the shared P tile (64 x 64), so the P of the whole tile is
-//                there for both warpgroups;
-//                O_g = alpha O_g + P V_g (16 wgmma m64n64k16 steps, P and V = the slot's first
-//                512 dims from shared memory, V MN-major),
-//              then one wgmma wait and an arrival on `empty`. Both warpgroups compute the same
-//              tile max and so the same alpha (the same instructions on the same values); each
-//              sums l over its own tokens, and the epilogue adds the two sums in a fixed order.
-// Synchronization: mbarriers between the producer and the consumers (full: 128 producer
-// arrivals; empty: 256 consumer arrivals); named barrier 1 between the two consumer warpgroups:
-// twice around each piece's Q load, per tile once after the row maxima are stored and once after
-// P is stored, and once in the epilogue after the row sums are stored (each use says which
-// reads and writes it orders); __syncthreads between rounds of pieces.
+// How (mla_decode_sm90a_traits.h for the layout): a piece's tiles are taken two at a time, A
+// (slot 0) and B (slot 1). Warpgroup 0 scores A, warpgroup 1 scores B (S = Q K^T, 64 x 64 over
+// all 576 dims), and the running row max m is shared through shared memory:
+//   wg 0  m_A = max(m, max S_A), scale_A = 2^(m - m_A), P_A = 2^(S_A - m_A);
+//         O_L = scale_A O_L + P_A V_A,L                      (P_A from registers)
+//   wg 1  m_B = max(m_A, max S_B), scale_B = 2^(m_A - m_B), P_B = 2^(S_B - m_B);
+//         O_R = scale_A scale_B O_R + P_B V_B,R              (P_B from registers)
+//   wg 0  O_L = scale_B O_L + P_B V_B,L                      (P_B from shared memory)
+//   wg 1  O_R = O_R + (scale_B P_A) V_A,R                    (P_A scaled, from shared memory)
+// (V_x,L / V_x,R: dims 0..255 / 256..511 of tile x), the online softmax of docs/spec.md with the
+// max and the rescale split between the two warpgroups, so one warpgroup's softmax runs while
+// the other's matrix products keep the tensor cores busy. Each warpgroup sums l over its own
+// tile's P (relative to the latest m); the epilogue adds the two in a fixed order.
+// Copies: the cache is read by tensor copies (TMA) of one column block (64 dims) of one page's
+// rows, through a 3-D tensor map [pages][page rows][576] (kv_tensor_map_sm90a.h), each column
+// block of a slot with its own mbarrier, so a warpgroup starts on a tile's first dims while the
+// rest lands. A slot's column blocks 0..3 are refilled by warpgroup 0 and 4..8 by warpgroup 1,
+// each as soon as its own last read of them has completed. Pages past the piece and pages whose
+// block-table entry is out of range are addressed outside the tensor (zero-filled); the latter
+// are reported and their tokens masked. Tokens of the piece's last tile past its end are masked
+// in S, and their V rows are zeroed before P V, so NaN in page padding never reaches an MMA.
+// Synchronization: per column block, the slot's mbarrier (tensor copies -> the warpgroup that
+// scores the tile); named barriers between the two warpgroups, each used once per step by both
+// (kBarScaleA: m_A and scale_A stored; kBarScaleB: m_B and scale_B stored; kBarPa: P_A stored;
+// kBarPb: P_B stored); kBarBoth around each piece's Q and in the epilogue; __syncthreads between
+// rounds of pieces. The other warpgroup's tile is read only after a named barrier that its
+// scorer reached after waiting for the tile's copies.
 // The block is launched as a programmatic dependent (pdl.cuh) like the portable kernel.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -58,7 +57,13 @@ namespace kf::cuda {
 namespace sm90a {
 
 using Tr = MlaSm90aTraits;
-constexpr int kConsumerBarrier = 1;  // named barrier of the two consumer warpgroups
+// Named barrier ids (0 is __syncthreads); kBarGroup + g: warpgroup g alone.
+enum : int { kBarScaleA = 1, kBarScaleB = 2, kBarPa = 3, kBarPb = 4, kBarBoth = 5, kBarGroup = 6 };
+constexpr int kGroupThreads = 128;
+
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Byte offset of 16-byte chunk `chunk` (0 .. 71) of row `row` in a Q or KV tile.
 __device__ __forceinline__ uint32_t tile_chunk_offset(int row, int chunk) {
@@ -73,20 +78,24 @@ struct Smem {
   __device__ __forceinline__ uint32_t slot(int s) const {
     return base_u32 + Tr::kKvOff + s * Tr::kTileBytes;
   }
-  __device__ __forceinline__ uint32_t p_tile() const { return base_u32 + Tr::kPOff; }
-  // The tile row maxima / row sums the two warpgroups exchange: [group][block row].
+  __device__ __forceinline__ uint32_t p_tile(int s) const {
+    return base_u32 + (s == 0 ? Tr::kPaOff : Tr::kPbOff);
+  }
   __device__ __forceinline__ float* row_max() const {
     return reinterpret_cast<float*>(base + Tr::kRowMaxOff);
+  }
+  __device__ __forceinline__ float* scale(int s) const {
+    return reinterpret_cast<float*>(base + (s == 0 ? Tr::kScaleAOff : Tr::kScaleBOff));
   }
   __device__ __forceinline__ float* row_sum() const {
     return reinterpret_cast<float*>(base + Tr::kRowSumOff);
   }
-  __device__ __forceinline__ uint8_t* tok_ok(int s) const {
-    return base + Tr::kTokOkOff + s * Tr::kBlockN;
+  __device__ __forceinline__ uint32_t full(int s, int cb) const {
+    return base_u32 + Tr::kBarOff + 8 * (s * Tr::kColBlocks + cb);
   }
-  __device__ __forceinline__ uint32_t full(int s) const { return base_u32 + Tr::kBarOff + 8 * s; }
-  __device__ __forceinline__ uint32_t empty(int s) const {
-    return base_u32 + Tr::kBarOff + 8 * (Tr::kStages + s);
+  // Bit t: token t of the tile in slot s was copied from a valid page.
+  __device__ __forceinline__ uint64_t* tok_ok(int s) const {
+    return reinterpret_cast<uint64_t*>(base + Tr::kTokOkOff) + s;
   }
   __device__ __forceinline__ PieceRun* pieces() const {
     return reinterpret_cast<PieceRun*>(base + Tr::kPieceOff);
@@ -96,96 +105,88 @@ struct Smem {
   }
 };
 
-// The ring position of the block's k-th tile: its slot and the parity of the slot's use.
-struct RingPos {
-  int slot;
-  uint32_t parity;
-  __device__ __forceinline__ explicit RingPos(int k)
-      : slot(k % Tr::kStages), parity(uint32_t(k / Tr::kStages) & 1u) {}
+// This thread's place: warpgroup g (0 scores tiles A and owns O_L, 1 tiles B and O_R), lane,
+// thread in its warpgroup, and its rows rbase, rbase + 8 of the block's 64.
+struct Lane {
+  int g, lane, gtid, rbase;
+  __device__ __forceinline__ explicit Lane(int tid)
+      : g(tid / 128), lane(tid & 31), gtid(tid & 127), rbase(((tid / 32) % 4) * 16 + (tid & 31) / 4) {}
 };
 
-// ---- producer ----
-// The producer warpgroup's copies of tile (piece e, tokens tok .. tok + 63) into slot `s`:
-// thread ptid (0 .. 127) copies token 16 i + ptid / 8 in pass i (4 passes), chunk ptid % 8 of
-// each of the 9 column blocks (one swizzled base per token; 8 consecutive threads read 128
-// consecutive bytes). The 4 pages are looked up first, so their latencies overlap.
-template <typename T>
-__device__ __forceinline__ void produce_tile(const MlaDecodeParams& p, const Smem& sm,
-                                             const PieceRun& e, int tok, int s, int ptid) {
-  constexpr int kTokPerPass = Tr::kProducerThreads / 8;
-  constexpr int kPasses = Tr::kBlockN / kTokPerPass;
-  const int c0 = ptid & 7, tok_lane = ptid >> 3;
+// ---- tensor copies of a tile ----
+// A tile's pages: page_rows = min(page size, 64) tokens per copy, tile_pages = 64 / page_rows.
+struct TileGeom {
+  int page_rows, tile_pages;
+  __device__ __forceinline__ explicit TileGeom(const MlaDecodeParams& p)
+      : page_rows(p.page_size < Tr::kBlockN ? p.page_size : Tr::kBlockN),
+        tile_pages(p.page_size < Tr::kBlockN ? Tr::kBlockN / p.page_size : 1) {}
+};
+
+// The tensor-map page coordinate of page j of the tile at token tok of piece e: the block-table
+// entry, or num_pages (outside the tensor: the copy writes zeros) for a page wholly past the
+// piece and for an entry out of range, which is reported.
+__device__ __forceinline__ int tile_page_coord(const MlaDecodeParams& p, const PieceRun& e,
+                                               int tok, int j, const TileGeom& tg) {
+  const int t = tok + j * tg.page_rows;
+  if (t >= e.end) return p.num_pages;
   const int32_t* bt = p.block_table + int64_t(e.req) * p.block_table_batch_stride;
-  int page[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int t = tok + kTokPerPass * i + tok_lane;
-    page[i] = t < e.end ? __ldg(bt + (t >> p.page_shift)) : 0;
+  const int page = __ldg(bt + (t >> p.page_shift));
+  if (uint32_t(page) >= uint32_t(p.num_pages)) {  // also catches page < 0
+    report_device_error(p.error_buffer, kDevErrPageRange, e.req, page);
+    return p.num_pages;
   }
-  const uint8_t* kv = static_cast<const uint8_t*>(p.kv);
-  const int64_t page_bytes = p.kv_page_stride * int64_t(sizeof(T));
-  const int64_t token_bytes = p.kv_token_stride * int64_t(sizeof(T));
-  const uint32_t slot = sm.slot(s);
-  uint8_t* tok_ok = sm.tok_ok(s);
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int j = kTokPerPass * i + tok_lane, t = tok + j;
-    const bool live = t < e.end;
-    const bool page_ok = uint32_t(page[i]) < uint32_t(p.num_pages);  // also catches page < 0
-    if (live && !page_ok && c0 == 0)
-      report_device_error(p.error_buffer, kDevErrPageRange, e.req, page[i]);
-    const bool ok = live && page_ok;
-    // Every address stays inside the cache (its first row when nothing is copied).
-    const uint8_t* src =
-        kv + (ok ? int64_t(page[i]) * page_bytes + int64_t(t & (p.page_size - 1)) * token_bytes
-                 : 0) +
-        c0 * 16;
-    const uint32_t dst = slot + tile_chunk_offset(j, c0);
-#pragma unroll
-    for (int cb = 0; cb < Tr::kColBlocks; ++cb)
-      cp_async_16(dst + cb * Tr::kColBlockBytes, src + cb * 128, ok ? 16 : 0);
-    if (c0 == 0) tok_ok[j] = ok;
-  }
-  cp_async_commit();
+  return page;
 }
 
-// The tile's copies of this thread have landed (wait_group): fence them into the async proxy and
-// arrive on the slot's `full` barrier.
-template <int kPending>
-__device__ __forceinline__ void publish_tile(const Smem& sm, int s) {
-  cp_async_wait<kPending>();
-  fence_proxy_async_smem();
-  mbar_arrive(sm.full(s));
-}
-
-// The producer's round: every tile of pieces[0 .. n), in order; k counts the block's tiles.
-template <typename T>
-__device__ __forceinline__ void produce_round(const MlaDecodeParams& p, const Smem& sm, int n,
-                                              int& k, int ptid) {
-  const PieceRun* pieces = sm.pieces();
-  int prev = -1;  // the slot whose copies are in flight, not yet published
-  for (int pi = 0; pi < n; ++pi) {
-    const PieceRun e = pieces[pi];
-    for (int tok = e.begin; tok < e.end; tok += Tr::kBlockN, ++k) {
-      const RingPos pos(k);
-      mbar_wait(sm.empty(pos.slot), pos.parity ^ 1u);  // the consumers released its last use
-      produce_tile<T>(p, sm, e, tok, pos.slot, ptid);
-      if (prev >= 0) publish_tile<1>(sm, prev);
-      prev = pos.slot;
+// Warp-collective (one warp of a warpgroup): the copies of column blocks [kCb0, kCb1) of the tile
+// at token tok into slot s. Lane l < (kCb1 - kCb0) tile_pages copies page l % tile_pages of block
+// kCb0 + l / tile_pages (page_coord: tile_page_coord of that page); the lane of page 0 arms the
+// block's barrier for the block's 8192 bytes. The call with block 8 also stores the tile's token
+// mask (tokens of pages addressed outside the tensor cleared: their scores are masked; for pages
+// past the piece the mask changes nothing) before any barrier is armed, so the scorer, which
+// waits for every block's barrier, reads it after its wait.
+template <int kCb0, int kCb1>
+__device__ __forceinline__ void issue_tile_copies(const MlaDecodeParams& p, const Smem& sm,
+                                                  const void* kv_map, int s, int tok,
+                                                  int page_coord, const TileGeom& tg, int lane) {
+  const int cb = kCb0 + lane / tg.tile_pages, j = lane % tg.tile_pages;
+  if (kCb1 == Tr::kColBlocks) {
+    const uint32_t bad = __ballot_sync(0xffffffffu, cb == kCb0 && page_coord == p.num_pages);
+    if (lane == 0) {
+      const uint64_t page_bits = tg.page_rows == 64 ? ~0ull : (1ull << tg.page_rows) - 1;
+      uint64_t ok = ~0ull;
+      for (int pg = 0; pg < tg.tile_pages; ++pg)
+        if ((bad >> pg) & 1u) ok &= ~(page_bits << (pg * tg.page_rows));
+      *sm.tok_ok(s) = ok;
     }
+    __syncwarp();
   }
-  if (prev >= 0) publish_tile<0>(sm, prev);
+  if (cb >= kCb1) return;
+  const uint32_t bar = sm.full(s, cb);
+  if (j == 0) mbar_arrive_expect_tx(bar, Tr::kColBlockBytes);
+  const int row_in_page = p.page_size > Tr::kBlockN ? (tok & (p.page_size - 1)) : 0;
+  tma_load_3d(sm.slot(s) + cb * Tr::kColBlockBytes + j * tg.page_rows * 128, kv_map, cb * 64,
+              row_in_page, page_coord, bar);
 }
 
-// ---- consumers ----
+// The page coordinate this lane copies from in the tile at token tok, for a call of
+// issue_tile_copies over kBlocks column blocks (lanes past the call's copies look up nothing).
+__device__ __forceinline__ int lane_page_coord(const MlaDecodeParams& p, const PieceRun& e,
+                                               int tok, int blocks, const TileGeom& tg,
+                                               int lane) {
+  if (lane >= blocks * tg.tile_pages) return p.num_pages;
+  return tile_page_coord(p, e, tok, lane % tg.tile_pages, tg);
+}
+
+// ---- Q ----
 // Q of piece e's request, the block's 64 rows (zero past num_rows), into the swizzled Q tile:
 // 4-byte loads (q rows are only 4-byte aligned), consecutive threads on consecutive words.
 template <typename T>
 __device__ __forceinline__ void load_q(const MlaDecodeParams& p, const Smem& sm,
-                                       const PieceRun& e, int row0, int ctid) {
+                                       const PieceRun& e, int row0, int tid) {
   constexpr int kWords = kHeadDim / 2;
   const T* q = static_cast<const T*>(p.q) + int64_t(e.req) * p.q_batch_stride;
-  for (int i = ctid; i < Tr::kBlockM * kWords; i += Tr::kConsumerThreads) {
+  for (int i = tid; i < Tr::kBlockM * kWords; i += Tr::kNumThreads) {
     const int r = i / kWords, wd = i % kWords, row = row0 + r;
     uint32_t v = 0u;
     if (row < p.num_rows) {
@@ -198,289 +199,490 @@ __device__ __forceinline__ void load_q(const MlaDecodeParams& p, const Smem& sm,
   }
 }
 
-// Issue S = Q K^T for this warpgroup's half of the tile in slot `slot` (tokens 32 g .. 32 g + 31,
-// rows 32 g .. of every column block: 4096 g bytes in, a whole number of 1024-byte atoms): 36 k16
-// steps of m64n32, step ks at column block ks / 4, byte 32 (ks % 4) of its 128-byte rows (the
-// descriptor's start address moves; the hardware applies the swizzle to the full address). One
-// wgmma group, committed; the caller waits for it before it reads s.
-template <typename T>
-__device__ __forceinline__ void issue_qk_half(float (&s)[16], uint32_t q_smem, uint32_t slot,
-                                              int g) {
-  const uint64_t dq = smem_desc_sw128(q_smem, 16, 1024);
-  const uint64_t dk = smem_desc_sw128(slot + g * Tr::kHalfN * 128, 16, 1024);
-  wgmma_fence();  // orders the registers' earlier uses (the last tile's softmax) before the wgmma
+// This thread's A fragments of Q's last column block (dims 512..575, four k16 steps) from the Q
+// tile: q8[4 kk + i] as the A fragment of k16 step kk (wgmma_sm90a.cuh).
+__device__ __forceinline__ void load_q_regs(const Smem& sm, const Lane& ln, uint32_t (&q8)[16]) {
 #pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    const uint32_t off = uint32_t((ks >> 2) * Tr::kColBlockBytes + (ks & 3) * 32) >> 4;
-    wgmma_ss_n32<T>(s, dq + off, dk + off, ks > 0 ? 1 : 0);
-  }
-  wgmma_commit();
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = ln.rbase + 8 * (i & 1);
+      const int d = Tr::kQRegBlock * 64 + 16 * kk + 8 * (i >> 1) + 2 * (ln.lane & 3);
+      q8[4 * kk + i] = *reinterpret_cast<const uint32_t*>(
+          sm.base + Tr::kQOff + tile_chunk_offset(r, d >> 3) + (d & 7) * 2);
+    }
 }
 
+// ---- matrix products ----
 template <int N>
 __device__ __forceinline__ void reg_fence_all(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) reg_fence(r[i]);
 }
 
-// The online softmax state of this thread's two rows (h = 0, 1: block rows rbase + 8 h). m is the
-// same in both warpgroups; l is the sum over this thread's tokens of its own warpgroup's halves.
+// Issue S (+)= Q K^T over column blocks [kCb0, kCb1) of the tile in slot s, waiting for each
+// block's copies (barrier parity `parity`) before its four k16 steps (m64n64, both operands
+// K-major in shared memory; block 8's Q from registers). Block kCb0 == 0 starts S at zero. One
+// committed group; the caller waits for it before it reads s.
+template <typename T, int kCb0, int kCb1>
+__device__ __forceinline__ void issue_scores(float (&s)[32], const uint32_t (&q8)[16],
+                                             const Smem& sm, int slot, uint32_t parity) {
+  const uint64_t dq = smem_desc_sw128(sm.q(), 16, 1024);
+  const uint64_t dk = smem_desc_sw128(sm.slot(slot), 16, 1024);
+#pragma unroll
+  for (int cb = kCb0; cb < kCb1; ++cb) {
+    mbar_wait(sm.full(slot, cb), parity);
+    reg_fence_all(s);
+    wgmma_fence();  // s was read by the last tile's softmax
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t off = uint32_t(cb * Tr::kColBlockBytes + kk * 32) >> 4;
+      if (cb < Tr::kQRegBlock) {
+        wgmma_ss_n64<T>(s, dq + off, dk + off, cb > 0 || kk > 0);
+      } else {
+        const uint32_t a[4] = {q8[4 * kk], q8[4 * kk + 1], q8[4 * kk + 2], q8[4 * kk + 3]};
+        wgmma_rs_n64<T>(s, a, dk + off, 1);
+      }
+    }
+  }
+  wgmma_commit();
+}
+
+// V of warpgroup g's output dims in slot s as the MN-major B of an n256 wgmma: column blocks
+// 4 g .. 4 g + 3 (8192 bytes apart), 8-token groups 1024 bytes apart; k16 step kt starts 2048 kt
+// bytes in.
+__device__ __forceinline__ uint64_t v_desc(const Smem& sm, int slot, int g) {
+  return smem_desc_sw128(sm.slot(slot) + g * Tr::kOBlocksPerGroup * Tr::kColBlockBytes,
+                         Tr::kColBlockBytes, 1024);
+}
+
+// Issue O += P V_g with P (q dtype) from registers: pa[4 kt ..] is the A fragment of tokens
+// 16 kt .. 16 kt + 15. One committed group.
+template <typename T>
+__device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&pa)[16],
+                                              const Smem& sm, int slot, int g) {
+  const uint64_t dv = v_desc(sm, slot, g);
+  wgmma_fence();  // o was rescaled and pa written by ordinary instructions
+#pragma unroll
+  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
+    const uint32_t a[4] = {pa[4 * kt], pa[4 * kt + 1], pa[4 * kt + 2], pa[4 * kt + 3]};
+    wgmma_rs_n256_bmn<T>(o, a, dv + (uint32_t(kt * 2048) >> 4), 1);
+  }
+  wgmma_commit();
+}
+
+// Issue O += P V_g with P from the shared P tile of slot ps (K-major: tokens 16 kt .. at byte
+// 32 kt of its 128-byte rows). One committed group.
+template <typename T>
+__device__ __forceinline__ void issue_pv_smem(float (&o)[128], const Smem& sm, int ps, int slot,
+                                              int g) {
+  const uint64_t dp = smem_desc_sw128(sm.p_tile(ps), 16, 1024);
+  const uint64_t dv = v_desc(sm, slot, g);
+  wgmma_fence();  // o was rescaled by ordinary instructions
+#pragma unroll
+  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt)
+    wgmma_ss_n256_bmn<T>(o, dp + (uint32_t(kt * 32) >> 4), dv + (uint32_t(kt * 2048) >> 4), 1);
+  wgmma_commit();
+}
+
+// ---- softmax ----
+// Per piece, this thread's rows: lim[h] = the tokens of the piece row rbase + 8 h may see (its
+// causal limit, at most the piece's end; 0 past num_rows); l[h] = this thread's share of the
+// running sum over its warpgroup's tiles, relative to the shared running max.
 struct RowState {
-  float m[2];  // running max, log2 units (-inf: nothing seen)
-  float l[2];  // this thread's share of the running sum
-  int vis[2];  // the row's causal limit in the piece's request (0 past num_rows)
+  int lim[2];
+  float l[2];
 };
 
-// This thread's place in the consumer warpgroups.
-struct ConsumerLane {
-  int g;      // warpgroup: S for tokens 32 g .., O for dims 256 g ..
-  int lane;   // lane in the warp
-  int rbase;  // its first block row (16 (warp in group) + lane / 4); the second is rbase + 8
-};
-
-// One tile of the online softmax on this warpgroup's half of the scores, as the portable
-// kernel's softmax_tile (16-bit caches): masks tokens not loaded or past the row's causal limit
-// (tile token 0 is position tok; this half's token c is tile token 32 g + c), s = score * scale
-// log2 e, a seen score becomes s + (s - s) (NaN when s is not finite). The tile max of a row is
-// the max over both halves: each warpgroup stores its rows' half max, and after the consumers'
-// barrier both read the two in the same order (fmaxf skips NaN, so no half max is NaN), so both
-// reach the same m. Then alpha = 2^(m_old - m_new), p = 2^(s - m_new) in place, l = alpha l +
-// sum p (this half's p). alpha[h] is the rows' O rescale factor, the same in both warpgroups.
-__device__ __forceinline__ void softmax_half(float (&s)[16], RowState& st, float (&alpha)[2],
-                                             const Smem& sm, const uint8_t* tok_ok, int tok,
-                                             float scale_log2, const ConsumerLane& cl) {
+// The scores of one tile (token tok at column 0) turned into P in place, for the running max
+// m_prev of each row (shared memory): tokens past the row's limit or not copied (tok_ok bit
+// clear) are masked (-inf), a seen score s becomes x + (x - x) with x = s scale log2(e) (NaN when
+// not finite: its row turns NaN), m_new = max(m_prev, row max) (fmaxf skips NaN), p =
+// 2^(x - m_new) (m_new = -inf counts as 0, so no (-inf) - (-inf)). Returns the rows' m_new in
+// m_new[] and the sums of p in psum[].
+__device__ __forceinline__ void tile_softmax(float (&s)[32], const RowState& st,
+                                             const float (&m_prev)[2], float (&m_new)[2],
+                                             float (&psum)[2], uint64_t tok_ok, int tok,
+                                             float scale_log2, const Lane& ln) {
+  const uint64_t ok = tok_ok >> (2 * (ln.lane & 3));  // bit 8 j + e: this thread's column
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int j = 0; j < Tr::kHalfN / 8; ++j)
+  for (int j = 0; j < Tr::kBlockN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = cl.g * Tr::kHalfN + 8 * j + 2 * (cl.lane & 3) + e;
-      const bool loaded = tok_ok[col] != 0;
+      const int col = 8 * j + 2 * (ln.lane & 3) + e;
+      const bool copied = ((ok >> (8 * j + e)) & 1u) != 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float& x = s[4 * j + 2 * h + e];
         const float v = x * scale_log2;
-        x = loaded && tok + col < st.vis[h] ? v + (v - v) : -INFINITY;
+        x = copied && tok + col < st.lim[h] ? v + (v - v) : -INFINITY;
         mx[h] = fmaxf(mx[h], x);
       }
     }
-  float* row_max = sm.row_max();
+  float m_use[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    if ((cl.lane & 3) == 0) row_max[cl.g * Tr::kBlockM + cl.rbase + 8 * h] = mx[h];
+    m_new[h] = fmaxf(m_prev[h], mx[h]);
+    m_use[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
+    psum[h] = 0.f;
   }
-  // Both halves' maxima are stored. The other warpgroup stores the next tile's only after this
-  // tile's P barrier (store_p_half), which this warpgroup reaches after its reads below.
-  named_barrier(kConsumerBarrier, Tr::kConsumerThreads);
-  float m_use[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = cl.rbase + 8 * h;
-    const float tile_max = fmaxf(row_max[r], row_max[Tr::kBlockM + r]);
-    const float m_new = fmaxf(st.m[h], tile_max);
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // no (-inf) - (-inf)
-    alpha[h] = fast_exp2(st.m[h] - m_use[h]);
-    st.m[h] = m_new;
-  }
-  float ps[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 32; ++i) {
     const int h = (i >> 1) & 1;
     s[i] = fast_exp2(s[i] - m_use[h]);
-    ps[h] += s[i];
+    psum[h] += s[i];
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * alpha[h] + ps[h];
 }
 
-// This warpgroup's half of P (q dtype) into the shared P tile: block row r, tile token t at
-// 16-byte chunk t / 8 of row r (128-byte swizzle, like a column block of Q), so P is the K-major
-// A operand of P V. Then the async-proxy fence and the consumers' barrier: after it both halves
-// are visible to both warpgroups' wgmmas. Each warpgroup writes P only after its own P V of the
-// tile before completed (wgmma_wait in consume_tile) and after the row-max barrier of this tile,
-// which the other warpgroup reaches only after the same wait: no wgmma still reads the P tile.
-template <typename T>
-__device__ __forceinline__ void store_p_half(const float (&s)[16], const Smem& sm,
-                                             const ConsumerLane& cl) {
-#pragma unroll
-  for (int j = 0; j < Tr::kHalfN / 8; ++j)
+// 2^(m_prev - m_new) with m_new = -inf counted as 0 (the factor is 0 while nothing was seen).
+__device__ __forceinline__ float rescale_factor(float m_prev, float m_new) {
+  return fast_exp2(m_prev - (m_new == -INFINITY ? 0.f : m_new));
+}
+
+// The running max of this thread's rows from shared memory, and the new one stored with the
+// rows' scale factors (one lane of each quad, after every lane of the warp read the old max).
+__device__ __forceinline__ void read_row_max(const Smem& sm, const Lane& ln, float (&m)[2]) {
+  m[0] = sm.row_max()[ln.rbase];
+  m[1] = sm.row_max()[ln.rbase + 8];
+}
+__device__ __forceinline__ void store_row_max(const Smem& sm, const Lane& ln, int s,
+                                              const float (&m)[2], const float (&scale)[2]) {
+  __syncwarp();
+  if ((ln.lane & 3) == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = cl.rbase + 8 * h, t = cl.g * Tr::kHalfN + 8 * j + 2 * (cl.lane & 3);
-      *reinterpret_cast<uint32_t*>(sm.base + Tr::kPOff + tile_chunk_offset(r, t >> 3) +
-                                   (t & 7) * 2) = pack2<T>(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+      sm.row_max()[ln.rbase + 8 * h] = m[h];
+      sm.scale(s)[ln.rbase + 8 * h] = scale[h];
     }
-  fence_proxy_async_smem();
-  named_barrier(kConsumerBarrier, Tr::kConsumerThreads);
+  }
 }
 
-// Issue O = alpha O + P V for this warpgroup's 256 output dims (column blocks 4 g .. 4 g + 3 of
-// the slot): P's k16 step kt (tokens 16 kt ..) at byte 32 kt of the P tile's rows (K-major),
-// V's 16 rows of a column block at byte 2048 kt of it (MN-major, 8-row groups 1024 bytes apart).
-// O must not be part of a pending wgmma (the rescale writes it); the group is committed, not
-// waited for.
+__device__ __forceinline__ void scale_rows(float (&o)[128], const float (&f)[2]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
+}
+
+// P (fp32 accumulator layout of S) as q-dtype A fragments of the four k16 steps of P V.
 template <typename T>
-__device__ __forceinline__ void issue_pv(float (&o)[Tr::kPvBlocks][32], const float (&alpha)[2],
-                                         const Smem& sm, uint32_t slot, int g) {
-  // The rescale is skipped by a warp none of whose rows moved its max (alpha exactly 1: the
-  // product would be O itself, so the bits are the same either way).
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[16]) {
 #pragma unroll
-    for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
+  for (int i = 0; i < 16; ++i) pa[i] = pack2<T>(s[2 * i], s[2 * i + 1]);
+}
+
+// This warpgroup's P fragments into the shared P tile of slot ps: block row r, token t at 16-byte
+// chunk t / 8 of row r (128-byte swizzle), the K-major A operand of the other warpgroup's P V.
+// Then the async-proxy fence, so the other warpgroup's wgmma reads them after the named barrier
+// that follows.
+__device__ __forceinline__ void store_p(const uint32_t (&pa)[16], const Smem& sm, int ps,
+                                        const Lane& ln) {
+  uint8_t* tile = sm.base + (ps == 0 ? Tr::kPaOff : Tr::kPbOff);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) o[nb][i] *= alpha[(i >> 1) & 1];
+  for (int i = 0; i < 16; ++i) {
+    // pa[i] holds s[2 i], s[2 i + 1]: j = i / 2 (8-token column group), h = i % 2.
+    const int j = i >> 1, h = i & 1;
+    const int r = ln.rbase + 8 * h, t = 8 * j + 2 * (ln.lane & 3);
+    *reinterpret_cast<uint32_t*>(tile + tile_chunk_offset(r, t >> 3) + (t & 7) * 2) = pa[i];
   }
+  fence_proxy_async_smem();
+}
+
+// The V rows (dims 0..511) of tile tokens [first, 64) in slot s set to zero by one warpgroup,
+// visible to wgmma (fence) and to the whole warpgroup (its barrier): tokens past the piece's end
+// whose page rows hold anything (NaN padding included), so that P = 0 there adds exactly 0.
+__device__ __forceinline__ void zero_v_rows(const Smem& sm, int s, int first, const Lane& ln) {
+  for (int i = ln.gtid; i < Tr::kVBlocks * Tr::kBlockN * 8; i += kGroupThreads) {
+    const int cb = i / (Tr::kBlockN * 8), row = (i / 8) % Tr::kBlockN, c = i % 8;
+    if (row >= first)
+      *reinterpret_cast<uint4*>(sm.base + Tr::kKvOff + s * Tr::kTileBytes +
+                                cb * Tr::kColBlockBytes + row * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async_smem();
+  named_barrier(kBarGroup + ln.g, kGroupThreads);
+}
+
+// ---- one piece ----
+// The state of a piece's walk: its tiles, the copies' geometry and the tensor map.
+struct PieceWalk {
+  const MlaDecodeParams& p;
+  const Smem& sm;
+  const void* kv_map;
+  const PieceRun& e;
+  TileGeom tg;
+  int n_tiles;
+  float scale_log2;
+};
+
+// Warp 0 of each warpgroup: this warpgroup's part of the copies of the tile at token tok into
+// slot s (warpgroup 0: column blocks 0..3, warpgroup 1: 4..8), page coordinate coord.
+__device__ __forceinline__ void issue_group_copies(const PieceWalk& w, int s, int tok, int coord,
+                                                   const Lane& ln) {
+  if (ln.gtid >= 32) return;
+  if (ln.g == 0)
+    issue_tile_copies<0, Tr::kOBlocksPerGroup>(w.p, w.sm, w.kv_map, s, tok, coord, w.tg, ln.lane);
+  else
+    issue_tile_copies<Tr::kOBlocksPerGroup, Tr::kColBlocks>(w.p, w.sm, w.kv_map, s, tok, coord,
+                                                            w.tg, ln.lane);
+}
+// The page coordinate this lane of warp 0 copies from for issue_group_copies of the tile at tok.
+__device__ __forceinline__ int group_page_coord(const PieceWalk& w, int tok, const Lane& ln) {
+  if (ln.gtid >= 32) return w.p.num_pages;
+  const int blocks = ln.g == 0 ? Tr::kOBlocksPerGroup : Tr::kColBlocks - Tr::kOBlocksPerGroup;
+  return lane_page_coord(w.p, w.e, tok, blocks, w.tg, ln.lane);
+}
+
+// Warpgroup 0's part of step i (tiles A = 2 i, in slot 0, and B = 2 i + 1, in slot 1): on entry
+// s holds S_A; on exit S of tile 2 i + 2 (when there is one).
+template <typename T>
+__device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s)[32],
+                                            float (&o)[128], RowState& st,
+                                            const uint32_t (&q8)[16], uint32_t& parity,
+                                            const Lane& ln) {
+  const Smem& sm = w.sm;
+  const int tok_a = w.e.begin + 2 * i * Tr::kBlockN, tok_b = tok_a + Tr::kBlockN;
+  const bool has_b = 2 * i + 1 < w.n_tiles, has_a2 = 2 * i + 2 < w.n_tiles,
+             has_b2 = 2 * i + 3 < w.n_tiles;
+  const int coord_a2 = has_a2 ? group_page_coord(w, tok_a + 2 * Tr::kBlockN, ln) : 0;
+  const int coord_b2 = has_b2 ? group_page_coord(w, tok_b + 2 * Tr::kBlockN, ln) : 0;
+  if (tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - tok_a, ln);
+
+  // m_A, scale_A, P_A; O_L = scale_A O_L + P_A V_A,L.
+  float m_prev[2], m_new[2], psum[2], f[2];
+  read_row_max(sm, ln, m_prev);
+  tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(0), tok_a, w.scale_log2, ln);
+  f[0] = rescale_factor(m_prev[0], m_new[0]);
+  f[1] = rescale_factor(m_prev[1], m_new[1]);
+  store_row_max(sm, ln, 0, m_new, f);
+  named_arrive(kBarScaleA, Tr::kNumThreads);
+  scale_rows(o, f);
 #pragma unroll
-  for (int nb = 0; nb < Tr::kPvBlocks; ++nb) reg_fence_all(o[nb]);  // the rescale stays above
-  const uint64_t dp = smem_desc_sw128(sm.p_tile(), 16, 1024);
-  const uint64_t dv = smem_desc_sw128(slot + g * Tr::kPvBlocks * Tr::kColBlockBytes, 1024, 1024);
-  wgmma_fence();  // O was written by the rescale
+  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + psum[h];
+  uint32_t pa[16];
+  pack_p<T>(s, pa);
+  issue_pv_regs<T>(o, pa, sm, 0, 0);
+  wgmma_wait<0>();
+  reg_fence_all(o);
+
+  // scale_B from warpgroup 1: P_A scaled by it for warpgroup 1's P_A V_A,R; O_L = scale_B O_L +
+  // P_B V_B,L. Slot 0's blocks 0..3 are read for the last time: refill them with tile 2 i + 2.
+  named_barrier(kBarScaleB, Tr::kNumThreads);
+  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
+  const float fb[2] = {sm.scale(1)[ln.rbase], sm.scale(1)[ln.rbase + 8]};
 #pragma unroll
-  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt)
+  for (int j = 0; j < 32; ++j) s[j] *= fb[(j >> 1) & 1];
+  pack_p<T>(s, pa);
+  store_p(pa, sm, 0, ln);
+  named_arrive(kBarPa, Tr::kNumThreads);
+  scale_rows(o, fb);
 #pragma unroll
-    for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
-      wgmma_ss_bmn<T>(o[nb], dp + (uint32_t(kt * 32) >> 4),
-                      dv + (uint32_t(nb * Tr::kColBlockBytes + kt * 2048) >> 4), 1);
-  wgmma_commit();
+  for (int h = 0; h < 2; ++h) st.l[h] *= fb[h];
+  if (has_b) {
+    named_barrier(kBarPb, Tr::kNumThreads);
+    issue_pv_smem<T>(o, sm, 1, 1, 0);
+  }
+  // S of tile 2 i + 2: its blocks 0..3 (copied first) while P_B V_B,L runs; once that completed,
+  // slot 1's blocks 0..3 are refilled with tile 2 i + 3; then blocks 4..8.
+  if (has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup>(s, q8, sm, 0, parity);
+  if (has_b) {
+    if (has_a2)
+      wgmma_wait<1>();
+    else
+      wgmma_wait<0>();
+    if (has_b2) issue_group_copies(w, 1, tok_b + 2 * Tr::kBlockN, coord_b2, ln);
+  }
+  if (has_a2) {
+    issue_scores<T, Tr::kOBlocksPerGroup, Tr::kColBlocks>(s, q8, sm, 0, parity);
+    parity ^= 1u;
+  }
+  wgmma_wait<0>();
+  reg_fence_all(o);
+  reg_fence_all(s);
+}
+
+// Warpgroup 1's part of step i: on entry s holds S_B (when tile B exists); on exit S of tile
+// 2 i + 3 (when there is one).
+template <typename T>
+__device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s)[32],
+                                            float (&o)[128], RowState& st,
+                                            const uint32_t (&q8)[16], uint32_t& parity,
+                                            const Lane& ln) {
+  const Smem& sm = w.sm;
+  const int tok_a = w.e.begin + 2 * i * Tr::kBlockN, tok_b = tok_a + Tr::kBlockN;
+  const bool has_b = 2 * i + 1 < w.n_tiles, has_a2 = 2 * i + 2 < w.n_tiles,
+             has_b2 = 2 * i + 3 < w.n_tiles;
+  const int coord_a2 = has_a2 ? group_page_coord(w, tok_a + 2 * Tr::kBlockN, ln) : 0;
+  const int coord_b2 = has_b2 ? group_page_coord(w, tok_b + 2 * Tr::kBlockN, ln) : 0;
+  if (has_b && tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - tok_b, ln);
+
+  // m_B, scale_B, P_B (no tile B: P_B = 0, m_B = m_A); O_R = scale_A scale_B O_R + P_B V_B,R.
+  named_barrier(kBarScaleA, Tr::kNumThreads);
+  float m_prev[2], m_new[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f}, f[2];
+  read_row_max(sm, ln, m_prev);
+  if (has_b) {
+    tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(1), tok_b, w.scale_log2, ln);
+  } else {
+    m_new[0] = m_prev[0];
+    m_new[1] = m_prev[1];
+  }
+  f[0] = rescale_factor(m_prev[0], m_new[0]);
+  f[1] = rescale_factor(m_prev[1], m_new[1]);
+  store_row_max(sm, ln, 1, m_new, f);
+  named_arrive(kBarScaleB, Tr::kNumThreads);
+  const float fo[2] = {sm.scale(0)[ln.rbase] * f[0], sm.scale(0)[ln.rbase + 8] * f[1]};
+  scale_rows(o, fo);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * fo[h] + psum[h];
+  if (has_b) {
+    uint32_t pb[16];
+    pack_p<T>(s, pb);
+    store_p(pb, sm, 1, ln);
+    issue_pv_regs<T>(o, pb, sm, 1, 1);
+  }
+  // O_R += (scale_B P_A) V_A,R; P_B is stored (and fenced) for warpgroup 0.
+  named_barrier(kBarPa, Tr::kNumThreads);
+  issue_pv_smem<T>(o, sm, 0, 0, 1);
+  if (has_b) named_arrive(kBarPb, Tr::kNumThreads);
+  // Refill slot 1's blocks 4..8 once P_B V_B,R completed, slot 0's once P_A V_A,R did; then S of
+  // tile 2 i + 3.
+  if (has_b) {
+    wgmma_wait<1>();
+    if (has_b2) issue_group_copies(w, 1, tok_b + 2 * Tr::kBlockN, coord_b2, ln);
+  }
+  wgmma_wait<0>();
+  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
+  if (has_b2) {
+    issue_scores<T, 0, Tr::kColBlocks>(s, q8, sm, 1, parity);
+    parity ^= 1u;
+    wgmma_wait<0>();
+  }
+  reg_fence_all(o);
+  reg_fence_all(s);
 }
 
 // The piece's epilogue for this thread's rows rbase, rbase + 8: l = the quad's shares (a fixed
 // order), then the two warpgroups' sums through shared memory (warpgroup 0's + warpgroup 1's in
 // both: the same bits), 1 / l (0 for a row that saw nothing), lse = (m + log2 l) ln 2 (-inf for
 // such a row; NaN when l is) by warpgroup 0, and O / l of this warpgroup's dims to out or
-// o_accum. The row sums are stored again only in the next piece's epilogue, after that piece's
-// first consumers' barrier (consume_round), which both warpgroups reach after the reads here.
+// o_accum. m is the shared running max, last stored by warpgroup 1 before kBarScaleB of the last
+// step.
 template <typename T>
 __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const Smem& sm,
                                                const PieceRun& e, const RowState& st,
-                                               const float (&o)[Tr::kPvBlocks][32], int row0,
-                                               const ConsumerLane& cl) {
+                                               const float (&o)[128], int row0, const Lane& ln) {
   float* row_sum = sm.row_sum();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = st.l[h];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if ((cl.lane & 3) == 0) row_sum[cl.g * Tr::kBlockM + cl.rbase + 8 * h] = l;
+    if ((ln.lane & 3) == 0) row_sum[ln.g * Tr::kBlockM + ln.rbase + 8 * h] = l;
   }
-  named_barrier(kConsumerBarrier, Tr::kConsumerThreads);  // both warpgroups' sums are stored
+  named_barrier(kBarBoth, Tr::kNumThreads);  // both warpgroups' sums (and the last m) are stored
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = cl.rbase + 8 * h;
+    const int r = ln.rbase + 8 * h;
     const float l = row_sum[r] + row_sum[Tr::kBlockM + r];
     const bool empty = l == 0.f;
     const float inv = empty ? 0.f : 1.f / l;
     const int row = row0 + r;
     if (row >= p.num_rows || e.write == kWriteNone) continue;
     const int s = row / p.h_q, hq = row % p.h_q;
-    if (cl.g == 0 && (cl.lane & 3) == 0) {
-      const float lse = empty ? -INFINITY : (st.m[h] + __log2f(l)) * 0.6931471805599453f;
+    if (ln.g == 0 && (ln.lane & 3) == 0) {
+      const float m = sm.row_max()[r];
+      const float lse = empty ? -INFINITY : (m + __log2f(l)) * 0.6931471805599453f;
       if (e.write == kWriteOut)
         p.lse[(int64_t(e.req) * p.h_q + hq) * p.s_q + s] = lse;
       else
         p.lse_accum[int64_t(e.piece) * p.num_rows + row] = lse;
     }
-    const int col0 = cl.g * Tr::kPvDimsPerGroup + 2 * (cl.lane & 3);
+    const int col0 = ln.g * (kLatentDim / 2) + 2 * (ln.lane & 3);
     if (e.write == kWriteOut) {
       T* out = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
                int64_t(s) * p.o_seq_stride + int64_t(hq) * p.o_head_stride + col0;
 #pragma unroll
-      for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(out + nb * 64 + 8 * j) =
-              pack2<T>(o[nb][4 * j + 2 * h] * inv, o[nb][4 * j + 2 * h + 1] * inv);
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) =
+            pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     } else {
       float* acc = p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim + col0;
       const uint64_t keep = l2_evict_last_policy();
 #pragma unroll
-      for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          st_global_keep(acc + nb * 64 + 8 * j,
-                         make_float2(o[nb][4 * j + 2 * h] * inv, o[nb][4 * j + 2 * h + 1] * inv),
-                         keep);
+      for (int j = 0; j < 32; ++j)
+        st_global_keep(acc + 8 * j, make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv),
+                       keep);
     }
   }
 }
 
-// One KV tile k (tokens tok ..) of a piece: wait for the producer's copies (`full`), this
-// warpgroup's half of the scores, the softmax with the row-max exchange, P into the shared P
-// tile, P V for this warpgroup's dims. After the last wgmma wait every wgmma of this warpgroup
-// that read slot k has completed, so each thread arrives on the slot's `empty` barrier and the
-// producer refills it with tile k + 2 while tile k + 1 is computed.
+// One piece: both warpgroups are past the previous piece (its wgmmas read Q, the P tiles and the
+// slots; its epilogue read the row sums and maxima); the copies of tiles 0 and 1 start, Q is
+// stored and the running max reset; each warpgroup scores its first tile, then the steps.
+// parity[g]: the phase parity of the slot this warpgroup scores.
 template <typename T>
-__device__ __forceinline__ void consume_tile(const Smem& sm, float (&o)[Tr::kPvBlocks][32],
-                                             RowState& st, int k, int tok, float scale_log2,
-                                             const ConsumerLane& cl) {
-  const RingPos pos(k);
-  const uint32_t slot = sm.slot(pos.slot);
-  mbar_wait(sm.full(pos.slot), pos.parity);  // the producer's copies of tile k landed
-  float s[16];
-  issue_qk_half<T>(s, sm.q(), slot, cl.g);
-  wgmma_wait<0>();
-  reg_fence_all(s);  // no read of S above the wait
-  float alpha[2];
-  softmax_half(s, st, alpha, sm, sm.tok_ok(pos.slot), tok, scale_log2, cl);
-  store_p_half<T>(s, sm, cl);
-  issue_pv<T>(o, alpha, sm, slot, cl.g);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int nb = 0; nb < Tr::kPvBlocks; ++nb) reg_fence_all(o[nb]);  // no use of O above the wait
-  mbar_arrive(sm.empty(pos.slot));
-}
-
-// The consumers' round: every piece of pieces[0 .. n) with its tiles; k counts the block's tiles
-// in the producer's order.
-template <typename T>
-__device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Smem& sm, int n,
-                                              int& k, int row0, int ctid) {
-  const ConsumerLane cl{ctid / 128, ctid & 31, ((ctid / 32) % 4) * 16 + (ctid & 31) / 4};
-  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  const PieceRun* pieces = sm.pieces();
-  for (int pi = 0; pi < n; ++pi) {
-    const PieceRun e = pieces[pi];
-    // Both warpgroups are past the previous piece's last wgmma (which read Q and the P tile) and
-    // its epilogue's reads of the row sums.
-    named_barrier(kConsumerBarrier, Tr::kConsumerThreads);
-    load_q<T>(p, sm, e, row0, ctid);
-    fence_proxy_async_smem();
-    named_barrier(kConsumerBarrier, Tr::kConsumerThreads);  // Q is visible to both warpgroups
-
-    RowState st;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + cl.rbase + 8 * h;
-      st.m[h] = -INFINITY;
-      st.l[h] = 0.f;
-      st.vis[h] = row < p.num_rows ? visible_len(e.seqlen, p.s_q, row / p.h_q) : 0;
-    }
-    float o[Tr::kPvBlocks][32];
-#pragma unroll
-    for (int nb = 0; nb < Tr::kPvBlocks; ++nb)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[nb][i] = 0.f;
-    for (int tok = e.begin; tok < e.end; tok += Tr::kBlockN, ++k)
-      consume_tile<T>(sm, o, st, k, tok, scale_log2, cl);
-    piece_epilogue<T>(p, sm, e, st, o, row0, cl);
+__device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t& parity,
+                                          const Lane& ln, int tid) {
+  const Smem& sm = w.sm;
+  const PieceRun& e = w.e;
+  named_barrier(kBarBoth, Tr::kNumThreads);
+  for (int t = 0; t < 2 && t < w.n_tiles; ++t) {
+    const int tok = e.begin + t * Tr::kBlockN;
+    issue_group_copies(w, t, tok, group_page_coord(w, tok, ln), ln);
   }
+  load_q<T>(w.p, sm, e, row0, tid);
+  if (tid < Tr::kBlockM) sm.row_max()[tid] = -INFINITY;
+  fence_proxy_async_smem();
+  named_barrier(kBarBoth, Tr::kNumThreads);  // Q and the running max are visible to both
+
+  uint32_t q8[16];
+  load_q_regs(sm, ln, q8);
+  RowState st;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + ln.rbase + 8 * h;
+    const int vis = row < w.p.num_rows ? visible_len(e.seqlen, w.p.s_q, row / w.p.h_q) : 0;
+    st.lim[h] = vis < e.end ? vis : e.end;
+    st.l[h] = 0.f;
+  }
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float s[32];
+  if (ln.g < w.n_tiles) {
+    issue_scores<T, 0, Tr::kColBlocks>(s, q8, sm, ln.g, parity);
+    parity ^= 1u;
+    wgmma_wait<0>();
+    reg_fence_all(s);
+  }
+  for (int i = 0; 2 * i < w.n_tiles; ++i) {
+    if (ln.g == 0)
+      step_group0<T>(w, i, s, o, st, q8, parity, ln);
+    else
+      step_group1<T>(w, i, s, o, st, q8, parity, ln);
+  }
+  piece_epilogue<T>(w.p, sm, e, st, o, row0, ln);
 }
 
 // The rounds of up to kMaxPieces pieces of worker w: thread 0 collects a round's pieces, then
-// round(n, k) runs them (n pieces; k counts the block's tiles, the ring position, alike in both
-// roles). Each role calls this in its own branch, so the two branches keep their own register
-// budgets; their __syncthreads pair up.
-template <class Round>
-__device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem& sm, int w,
-                                           int tid, Round&& round) {
-  int k = 0;
+// every piece of the round runs.
+template <typename T>
+__device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem& sm,
+                                           const void* kv_map, int w, int row0, int tid) {
+  const Lane ln(tid);
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  uint32_t parity = 0;
   for (int first = 0;; first += Tr::kMaxPieces) {
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
     __syncthreads();  // the piece list (and, first time, the barriers' init) is visible
     const int n = sm.counts()[0], total = sm.counts()[1];
-    round(n, k);
+    for (int pi = 0; pi < n; ++pi) {
+      const PieceRun e = sm.pieces()[pi];
+      const int span = e.end - e.begin;
+      const PieceWalk walk{p, sm, kv_map, e, TileGeom(p),
+                           span > 0 ? (span + Tr::kBlockN - 1) / Tr::kBlockN : 0, scale_log2};
+      run_piece<T>(walk, row0, parity, ln, tid);
+    }
     if (first + Tr::kMaxPieces >= total) break;
     __syncthreads();  // everyone is done with this round's piece list
   }
@@ -490,52 +692,42 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
 
 template <typename T>
 __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
-    mla_decode_sm90a_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_decode_sm90a_kernel(const __grid_constant__ MlaDecodeParams p,
+                            const __grid_constant__ CUtensorMap kv_map) {
   using Tr = MlaSm90aTraits;
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const sm90a::Smem sm{smem_raw + pad, raw + pad};
-  const int tid = threadIdx.x, w = blockIdx.x;
+  const int tid = threadIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
+  if (tid == 0) sm90a::tma_prefetch_map(&kv_map);
   if (!begin_block<Tr, T>(p, row0)) return;
-
   if (tid == 0) {
-    for (int s = 0; s < Tr::kStages; ++s) {
-      sm90a::mbar_init(sm.full(s), Tr::kProducerThreads);
-      sm90a::mbar_init(sm.empty(s), Tr::kConsumerThreads);
-    }
+    for (int i = 0; i < 2 * Tr::kColBlocks; ++i)
+      sm90a::mbar_init(sm.base_u32 + Tr::kBarOff + 8 * i, 1);
+    sm90a::fence_mbarrier_init();
   }
-  const int role = __shfl_sync(0xffffffffu, tid / 128, 0);  // warpgroup, uniform per warp
-  if (role * 128 >= Tr::kConsumerThreads) {
-    // Registers move from the producer warpgroup to the consumers (every warp of a warpgroup
-    // executes its setmaxnreg).
-    sm90a::setmaxnreg_dec<Tr::kProducerRegs>();
-    sm90a::run_rounds(p, sm, w, tid, [&](int n, int& k) {
-      sm90a::produce_round<T>(p, sm, n, k, tid - Tr::kConsumerThreads);
-    });
-  } else {
-    sm90a::setmaxnreg_inc<Tr::kConsumerRegs>();
-    sm90a::run_rounds(p, sm, w, tid, [&](int n, int& k) {
-      sm90a::consume_round<T>(p, sm, n, k, row0, tid);
-    });
-  }
+  sm90a::run_rounds<T>(p, sm, &kv_map, blockIdx.x, row0, tid);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 }
 
-// Launch on `stream`; the attribute is set per call (cheap, allowed during capture).
+// Launch on `stream` with the cache's tensor map; the attribute is set per call (cheap, allowed
+// during capture).
 template <typename T>
-cudaError_t run_mla_decode_sm90a(const MlaDecodeParams& p, cudaStream_t stream) {
+cudaError_t run_mla_decode_sm90a(const MlaDecodeParams& p, const CUtensorMap& kv_map,
+                                 cudaStream_t stream) {
   using Tr = MlaSm90aTraits;
   auto kernel = mla_decode_sm90a_kernel<T>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_workers, ceil_div(p.num_rows, Tr::kBlockM));
-  return launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p);
+  return launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p, kv_map);
 }
 
-#define KF_DECODE_SM90A_INSTANTIATE(T) \
-  template cudaError_t run_mla_decode_sm90a<T>(const MlaDecodeParams&, cudaStream_t);
+#define KF_DECODE_SM90A_INSTANTIATE(T)                                                      \
+  template cudaError_t run_mla_decode_sm90a<T>(const MlaDecodeParams&, const CUtensorMap&, \
+                                               cudaStream_t);
 
 }  // namespace kf::cuda

@@ -1,12 +1,15 @@
 // The Hopper (sm_90a) instructions the sm90a decode kernel is built from, as hand-written PTX:
-// warpgroup MMA (wgmma.mma_async m64n32k16 and m64n64k16, fp32 accumulators, both operands in
-// shared memory), its shared-memory matrix descriptors (128-byte swizzle), the async-proxy
-// fence, mbarriers, setmaxnreg, and the warpgroup's fence / commit / wait. Compiled for sm_90a
-// only.
+// warpgroup MMA (wgmma.mma_async m64n64k16 and m64n256k16, fp32 accumulators, A from shared
+// memory or registers, B from shared memory K- or MN-major), its shared-memory matrix
+// descriptors (128-byte swizzle), the async-proxy fence, mbarriers with transaction counts, the
+// tensor copy (TMA) into shared memory, and the warpgroup's fence / commit / wait. Compiled for
+// sm_90a only.
 //
 // Accumulator layout of one m64nN wgmma (PTX ISA, "wgmma register fragments"): warp w of the
 // warpgroup holds rows 16 w + lane / 4 and 16 w + lane / 4 + 8; d[4 j + 2 h + e] is row
-// 16 w + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e (j < N / 8, h, e < 2).
+// 16 w + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e (j < N / 8, h, e < 2). The A fragment of
+// a k16 step from registers: a[0] = row 16 w + lane / 4, columns 2 (lane % 4) + {0, 1};
+// a[1] = row + 8, same columns; a[2], a[3] = the same rows, columns + 8.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,75 +58,124 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// The accumulator registers of an m64n64 wgmma (32: %0 .. %31) and of an m64n32 one (16:
-// %0 .. %15) as asm operands.
+// The accumulator registers of an m64n256 wgmma (128: %0 .. %127), of an m64n64 one (32) and
+// their asm operands.
 #define KF_WGMMA_D32_REGS \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
   "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define KF_WGMMA_D16_OPERANDS(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define KF_WGMMA_D32_OPERANDS(d) KF_WGMMA_D16_OPERANDS(d), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define KF_WGMMA_D16_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
-// One wgmma with fp32 accumulators and inputs of PTX type TY ("bf16" or "f16"):
-// shape SHAPE, D registers REGS, A and B from the shared-memory descriptors %A and %B (A K-major,
-// B K-major for TRANS_B "0" or MN-major for "1"), D accumulated when the operand %P is not 0;
-// scale-a and scale-b are 1.
+#define KF_WGMMA_D128_REGS \
+  "{" \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63," \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
+  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127" \
+  "}"
+#define KF_WGMMA_D8_OPERANDS(d, i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define KF_WGMMA_D32_OPERANDS(d) \
+  KF_WGMMA_D8_OPERANDS(d, 0), KF_WGMMA_D8_OPERANDS(d, 8), KF_WGMMA_D8_OPERANDS(d, 16), \
+      KF_WGMMA_D8_OPERANDS(d, 24)
+#define KF_WGMMA_D128_OPERANDS(d)                                                          \
+  KF_WGMMA_D32_OPERANDS(d), KF_WGMMA_D8_OPERANDS(d, 32), KF_WGMMA_D8_OPERANDS(d, 40),      \
+      KF_WGMMA_D8_OPERANDS(d, 48), KF_WGMMA_D8_OPERANDS(d, 56), KF_WGMMA_D8_OPERANDS(d, 64), \
+      KF_WGMMA_D8_OPERANDS(d, 72), KF_WGMMA_D8_OPERANDS(d, 80), KF_WGMMA_D8_OPERANDS(d, 88), \
+      KF_WGMMA_D8_OPERANDS(d, 96), KF_WGMMA_D8_OPERANDS(d, 104),                           \
+      KF_WGMMA_D8_OPERANDS(d, 112), KF_WGMMA_D8_OPERANDS(d, 120)
+// bf16 inputs (else fp16).
+template <typename T>
+constexpr bool kIsBf16 = std::is_same<T, __nv_bfloat16>::value;
+
+// One wgmma with fp32 accumulators: shape SHAPE, inputs of PTX type TY ("bf16" or "f16"), D
+// registers REGS, B from the shared-memory descriptor %B (K-major for TRANS_B "0", MN-major for
+// "1"), D accumulated when the operand %P is not 0; scale-a and scale-b are 1.
+//   SS: A from the shared-memory descriptor %A (K-major);
+//   RS: A from four registers (%A0 .. : the A fragment of the PTX ISA's "wgmma register
+//       fragments", two 16-bit values each, the m16n8k16 A layout per warp of 16 rows).
 #define KF_WGMMA_SS(SHAPE, TY, REGS, A, B, P, TRANS_B, D_OPERANDS)                          \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", " A ", " B \
                ", p, 1, 1, 0, " TRANS_B ";\n}\n"                                            \
                : D_OPERANDS(d)                                                             \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define KF_WGMMA_RS(SHAPE, TY, REGS, A0, B, P, TRANS_B, D_OPERANDS)                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", " A0 ", " B \
+               ", p, 1, 1, " TRANS_B ";\n}\n"                                                \
+               : D_OPERANDS(d)                                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 
-// D (64 x 32, fp32) = A (64 x 16, shared, K-major) B (16 x 32, shared, K-major) +
-// (accumulate ? D : 0).
+// D (64 x 64, fp32) = A (64 x 16, shared, K-major) B (16 x 64, shared, K-major: 64 rows of 16
+// k values) + (accumulate ? D : 0).
 template <typename T>
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                              int accumulate) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    KF_WGMMA_SS("m64n32k16", "bf16", KF_WGMMA_D16_REGS, "%16", "%17", "%18", "0",
-                KF_WGMMA_D16_OPERANDS);
+  if constexpr (kIsBf16<T>)
+    KF_WGMMA_SS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
+                KF_WGMMA_D32_OPERANDS);
   else
-    KF_WGMMA_SS("m64n32k16", "f16", KF_WGMMA_D16_REGS, "%16", "%17", "%18", "0",
-                KF_WGMMA_D16_OPERANDS);
+    KF_WGMMA_SS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
+                KF_WGMMA_D32_OPERANDS);
 }
 
-// D (64 x 64, fp32) = A (64 x 16, shared, K-major) B (16 x 64, shared, MN-major: 16 rows of 64
-// contiguous columns, 8-row groups `sbo` apart) + (accumulate ? D : 0).
+// D (64 x 64, fp32) = A (64 x 16, registers) B (16 x 64, shared, K-major) + (accumulate ? D : 0).
 template <typename T>
-__device__ __forceinline__ void wgmma_ss_bmn(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                             int accumulate) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    KF_WGMMA_SS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "1",
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4],
+                                             uint64_t desc_b, int accumulate) {
+  if constexpr (kIsBf16<T>)
+    KF_WGMMA_RS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "{%32,%33,%34,%35}", "%36", "%37", "0",
                 KF_WGMMA_D32_OPERANDS);
   else
-    KF_WGMMA_SS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "1",
+    KF_WGMMA_RS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "{%32,%33,%34,%35}", "%36", "%37", "0",
                 KF_WGMMA_D32_OPERANDS);
+}
+
+// D (64 x 256, fp32) = A (64 x 16, registers) B (16 x 256, shared, MN-major: 16 rows of four
+// 64-column blocks `lbo` apart, 8-row groups `sbo` apart) + (accumulate ? D : 0).
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n256_bmn(float (&d)[128], const uint32_t (&a)[4],
+                                                  uint64_t desc_b, int accumulate) {
+  if constexpr (kIsBf16<T>)
+    KF_WGMMA_RS("m64n256k16", "bf16", KF_WGMMA_D128_REGS, "{%128,%129,%130,%131}", "%132", "%133",
+                "1", KF_WGMMA_D128_OPERANDS);
+  else
+    KF_WGMMA_RS("m64n256k16", "f16", KF_WGMMA_D128_REGS, "{%128,%129,%130,%131}", "%132", "%133",
+                "1", KF_WGMMA_D128_OPERANDS);
+}
+
+// D (64 x 256, fp32) = A (64 x 16, shared, K-major) B (16 x 256, shared, MN-major as above) +
+// (accumulate ? D : 0).
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n256_bmn(float (&d)[128], uint64_t desc_a,
+                                                  uint64_t desc_b, int accumulate) {
+  if constexpr (kIsBf16<T>)
+    KF_WGMMA_SS("m64n256k16", "bf16", KF_WGMMA_D128_REGS, "%128", "%129", "%130", "1",
+                KF_WGMMA_D128_OPERANDS);
+  else
+    KF_WGMMA_SS("m64n256k16", "f16", KF_WGMMA_D128_REGS, "%128", "%129", "%130", "1",
+                KF_WGMMA_D128_OPERANDS);
 }
 
 #undef KF_WGMMA_SS
-#undef KF_WGMMA_D16_REGS
+#undef KF_WGMMA_RS
+#undef KF_WGMMA_D128_OPERANDS
 #undef KF_WGMMA_D32_OPERANDS
-#undef KF_WGMMA_D16_OPERANDS
+#undef KF_WGMMA_D8_OPERANDS
+#undef KF_WGMMA_D128_REGS
 #undef KF_WGMMA_D32_REGS
-
-// This warpgroup's registers per thread become kRegs (a multiple of 8 in 24 .. 256): dec gives
-// registers back to the block's pool, inc waits until the pool has them.
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
 
 // ---- mbarriers (shared::cta, 64-bit) ----
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The barriers' initialization made visible to the tensor copies that complete on them (before
+// the block's first barrier synchronization).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // One arrival of this thread (release: its earlier writes are visible to threads that see the
 // phase complete).
@@ -132,17 +184,39 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
                : "memory");
 }
 // Wait until the phase of parity `parity` has completed (acquire). A barrier in its first phase
-// counts the phase before it (parity 1) as completed.
+// counts the phase before it (parity 1) as completed. The retry loop is inside the asm, so the
+// compiler sees no divergent branch between the wgmmas around a wait.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  asm volatile(
+      "{\n.reg .pred p;\nKF_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KF_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Arm barrier `bar` (one arrival) for `bytes` more bytes of asynchronous copies this phase; the
+// phase completes when the arrival is made and the copies have delivered those bytes (in either
+// order).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// ---- tensor copies (TMA) ----
+// Copy the box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__
+// kernel parameter) into shared memory at dst (1024-aligned for the 128-byte swizzle); the copy
+// completes its bytes on barrier `bar`. Elements outside the tensor are written as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 }  // namespace kf::cuda::sm90a
