@@ -702,20 +702,25 @@ def fused_runs(out) -> list:
     return runs + [(f"V3 b = {r['b']} bf16", r["fused"]) for r in out["v3_rows"] if "fused" in r]
 
 
+def worst(items: list) -> tuple:
+    """The item whose first value (a cosine distance) is largest, NaN above everything."""
+    return max(items, key=lambda it: math.inf if math.isnan(it[0]) else it[0])
+
+
 def print_check_summary(runs: list):
     """The worst per-layer check and the worst drift over the fused runs."""
     checks = [(res["check"]["cos_dist_vs_torch"], label) for label, res in runs if "check" in res]
     if checks:
-        worst, label = max(checks)
+        dist, label = worst(checks)
         met = all(res["check"]["ok"] for _, res in runs if "check" in res)
         log(f"  the layer's output within {MAX_COS_DIST:.0e} cosine distance of the torch layer "
-            f"(one layer, same input and cache format): worst {worst:.2e} ({label}) "
+            f"(one layer, same input and cache format): worst {dist:.2e} ({label}) "
             f"({'met' if met else 'NOT met'})")
     drifts = [(res["cos_dist_vs_torch"], res["drift_layers"], label) for label, res in runs
               if "drift_layers" in res]
     if drifts:
-        worst, n, label = max(drifts)
-        log(f"  drift over the graph's layers (information, no bound): worst {worst:.2e} over "
+        dist, n, label = worst(drifts)
+        log(f"  drift over the graph's layers (information, no bound): worst {dist:.2e} over "
             f"{n} layers ({label})")
 
 
