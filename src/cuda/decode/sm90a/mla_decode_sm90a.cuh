@@ -139,9 +139,8 @@ __device__ __forceinline__ int tile_page_coord(const MlaDecodeParams& p, const P
 }
 
 // Warp-collective (one warp of a warpgroup): the copies of column blocks [kCb0, kCb1) of the tile
-// at token tok into slot s. Lane l < (kCb1 - kCb0) tile_pages copies page l % tile_pages of block
-// kCb0 + l / tile_pages (page_coord: tile_page_coord of that page); the lane of page 0 arms the
-// block's barrier for the block's 8192 bytes. The call with block 8 also stores the tile's token
+// at token tok into slot s, page_coord: tile_page_coord of this lane's page (lane % tile_pages);
+// the copy of a block's page 0 arms the block's barrier for the block's 8192 bytes. The call with block 8 also stores the tile's token
 // mask (tokens of pages addressed outside the tensor cleared: their scores are masked; for pages
 // past the piece the mask changes nothing) before any barrier is armed, so the scorer, which
 // waits for every block's barrier, reads it after its wait.
@@ -149,9 +148,8 @@ template <int kCb0, int kCb1>
 __device__ __forceinline__ void issue_tile_copies(const MlaDecodeParams& p, const Smem& sm,
                                                   const void* kv_map, int s, int tok,
                                                   int page_coord, const TileGeom& tg, int lane) {
-  const int cb = kCb0 + lane / tg.tile_pages, j = lane % tg.tile_pages;
   if (kCb1 == Tr::kColBlocks) {
-    const uint32_t bad = __ballot_sync(0xffffffffu, cb == kCb0 && page_coord == p.num_pages);
+    const uint32_t bad = __ballot_sync(0xffffffffu, lane < tg.tile_pages && page_coord == p.num_pages);
     if (lane == 0) {
       const uint64_t page_bits = tg.page_rows == 64 ? ~0ull : (1ull << tg.page_rows) - 1;
       uint64_t ok = ~0ull;
@@ -161,42 +159,54 @@ __device__ __forceinline__ void issue_tile_copies(const MlaDecodeParams& p, cons
     }
     __syncwarp();
   }
-  if (cb >= kCb1) return;
-  const uint32_t bar = sm.full(s, cb);
-  if (j == 0) mbar_arrive_expect_tx(bar, Tr::kColBlockBytes);
+  // Copy c = lane + 32 k: page c % tile_pages (the same page for all of this lane's copies, as
+  // tile_pages divides 32) of block kCb0 + c / tile_pages.
+  const int j = lane % tg.tile_pages;
   const int row_in_page = p.page_size > Tr::kBlockN ? (tok & (p.page_size - 1)) : 0;
-  tma_load_3d(sm.slot(s) + cb * Tr::kColBlockBytes + j * tg.page_rows * 128, kv_map, cb * 64,
-              row_in_page, page_coord, bar);
+  for (int c = lane; c < (kCb1 - kCb0) * tg.tile_pages; c += 32) {
+    const int cb = kCb0 + c / tg.tile_pages;
+    const uint32_t bar = sm.full(s, cb);
+    if (j == 0) mbar_arrive_expect_tx(bar, Tr::kColBlockBytes);
+    tma_load_3d(sm.slot(s) + cb * Tr::kColBlockBytes + j * tg.page_rows * 128, kv_map, cb * 64,
+                row_in_page, page_coord, bar);
+  }
 }
 
 // The page coordinate this lane copies from in the tile at token tok, for a call of
-// issue_tile_copies over kBlocks column blocks (lanes past the call's copies look up nothing).
+// issue_tile_copies over `blocks` column blocks (lanes without a copy look up nothing).
 __device__ __forceinline__ int lane_page_coord(const MlaDecodeParams& p, const PieceRun& e,
                                                int tok, int blocks, const TileGeom& tg,
                                                int lane) {
-  if (lane >= blocks * tg.tile_pages) return p.num_pages;
+  if (lane >= blocks * tg.tile_pages && lane >= tg.tile_pages) return p.num_pages;
   return tile_page_coord(p, e, tok, lane % tg.tile_pages, tg);
 }
 
 // ---- Q ----
-// Q of piece e's request, the block's 64 rows (zero past num_rows), into the swizzled Q tile:
-// 4-byte loads (q rows are only 4-byte aligned), consecutive threads on consecutive words.
+// Q of piece e's request, the block's 64 rows (zero past num_rows), into the swizzled Q tile by
+// cp.async (every copy in flight at once; no register holds the data): 16-byte chunks when q and
+// its strides allow, else 4-byte words (q rows need only be 4-byte aligned). Waited for here.
 template <typename T>
 __device__ __forceinline__ void load_q(const MlaDecodeParams& p, const Smem& sm,
                                        const PieceRun& e, int row0, int tid) {
-  constexpr int kWords = kHeadDim / 2;
   const T* q = static_cast<const T*>(p.q) + int64_t(e.req) * p.q_batch_stride;
-  for (int i = tid; i < Tr::kBlockM * kWords; i += Tr::kNumThreads) {
-    const int r = i / kWords, wd = i % kWords, row = row0 + r;
-    uint32_t v = 0u;
-    if (row < p.num_rows) {
-      const T* qrow = q + int64_t(row / p.h_q) * p.q_seq_stride + int64_t(row % p.h_q) * p.q_head_stride;
-      v = __ldg(reinterpret_cast<const uint32_t*>(qrow) + wd);
-    }
-    const int el = 2 * wd;
-    *reinterpret_cast<uint32_t*>(sm.base + Tr::kQOff + tile_chunk_offset(r, el >> 3) +
-                                 (el & 7) * 2) = v;
+  const bool vec16 = (reinterpret_cast<uintptr_t>(p.q) & 15) == 0 && p.q_batch_stride % 8 == 0 &&
+                     p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0;
+  const int per_row = vec16 ? kHeadDim / 8 : kHeadDim / 2;  // chunks or words per row
+  const int elems = vec16 ? 8 : 2;
+  for (int i = tid; i < Tr::kBlockM * per_row; i += Tr::kNumThreads) {
+    const int r = i / per_row, el = (i % per_row) * elems, row = row0 + r;
+    const bool live = row < p.num_rows;
+    const T* src = live ? q + int64_t(row / p.h_q) * p.q_seq_stride +
+                              int64_t(row % p.h_q) * p.q_head_stride + el
+                        : q;
+    const uint32_t dst = sm.q() + tile_chunk_offset(r, el >> 3) + (el & 7) * 2;
+    if (vec16)
+      cp_async_16(dst, src, live ? 16 : 0);
+    else
+      cp_async_4(dst, src, live ? 4 : 0);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 // This thread's A fragments of Q's last column block (dims 512..575, four k16 steps) from the Q

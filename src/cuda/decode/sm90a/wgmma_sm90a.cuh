@@ -203,6 +203,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
                : "memory");
 }
 
+// A 4-byte cp.async (src_bytes 0: zero-fill).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
 // ---- tensor copies (TMA) ----
 // Copy the box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__
 // kernel parameter) into shared memory at dst (1024-aligned for the 128-byte swizzle); the copy
