@@ -314,6 +314,9 @@ __device__ __forceinline__ void tile_softmax(float (&s)[32], const RowState& st,
                                              const float (&m_prev)[2], float (&m_new)[2],
                                              float (&psum)[2], uint64_t tok_ok, int tok,
                                              float scale_log2, const Lane& ln) {
+  // A tile inside both rows' limits with every page copied (all but a piece's last tiles and
+  // bad pages) needs no per-token test.
+  const bool whole = tok_ok == ~0ull && tok + Tr::kBlockN <= min(st.lim[0], st.lim[1]);
   const uint64_t ok = tok_ok >> (2 * (ln.lane & 3));  // bit 8 j + e: this thread's column
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -321,12 +324,12 @@ __device__ __forceinline__ void tile_softmax(float (&s)[32], const RowState& st,
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = 8 * j + 2 * (ln.lane & 3) + e;
-      const bool copied = ((ok >> (8 * j + e)) & 1u) != 0;
+      const bool copied = whole || ((ok >> (8 * j + e)) & 1u) != 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float& x = s[4 * j + 2 * h + e];
         const float v = x * scale_log2;
-        x = copied && tok + col < st.lim[h] ? v + (v - v) : -INFINITY;
+        x = copied && (whole || tok + col < st.lim[h]) ? v + (v - v) : -INFINITY;
         mx[h] = fmaxf(mx[h], x);
       }
     }
@@ -370,7 +373,10 @@ __device__ __forceinline__ void store_row_max(const Smem& sm, const Lane& ln, in
   }
 }
 
+// O's rows times f; skipped by a warp none of whose rows has f != 1 (the product would be O
+// itself: the same bits either way).
 __device__ __forceinline__ void scale_rows(float (&o)[128], const float (&f)[2]) {
+  if (!__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) return;
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
 }
