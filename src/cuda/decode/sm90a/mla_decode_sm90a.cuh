@@ -230,28 +230,31 @@ __device__ __forceinline__ void reg_fence_all(float (&r)[N]) {
   for (int i = 0; i < N; ++i) reg_fence(r[i]);
 }
 
-// Issue S (+)= Q K^T over column blocks [kCb0, kCb1) of the tile in slot s, waiting for each
+// Issue S (+)= Q K^T over column blocks [kCb0, kCb1) of the tile in slot s, in the order
+// kFirst .. kCb1 - 1, then kCb0 .. kFirst - 1 (the blocks copied first, first), waiting for each
 // block's copies (barrier parity `parity`) before its four k16 steps (m64n64, both operands
-// K-major in shared memory; block 8's Q from registers). Block kCb0 == 0 starts S at zero. One
-// committed group; the caller waits for it before it reads s.
-template <typename T, int kCb0, int kCb1>
+// K-major in shared memory; block 8's Q from registers). kZero: the first step starts S at zero.
+// One committed group; the caller waits for it before it reads s.
+template <typename T, int kCb0, int kCb1, int kFirst, bool kZero>
 __device__ __forceinline__ void issue_scores(float (&s)[32], const uint32_t (&q8)[16],
                                              const Smem& sm, int slot, uint32_t parity) {
   const uint64_t dq = smem_desc_sw128(sm.q(), 16, 1024);
   const uint64_t dk = smem_desc_sw128(sm.slot(slot), 16, 1024);
 #pragma unroll
-  for (int cb = kCb0; cb < kCb1; ++cb) {
+  for (int n = 0; n < kCb1 - kCb0; ++n) {
+    const int cb = kFirst + n < kCb1 ? kFirst + n : kCb0 + (kFirst + n - kCb1);
     mbar_wait(sm.full(slot, cb), parity);
     reg_fence_all(s);
     wgmma_fence();  // s was read by the last tile's softmax
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint32_t off = uint32_t(cb * Tr::kColBlockBytes + kk * 32) >> 4;
+      const int acc = kZero && n == 0 && kk == 0 ? 0 : 1;
       if (cb < Tr::kQRegBlock) {
-        wgmma_ss_n64<T>(s, dq + off, dk + off, cb > 0 || kk > 0);
+        wgmma_ss_n64<T>(s, dq + off, dk + off, acc);
       } else {
         const uint32_t a[4] = {q8[4 * kk], q8[4 * kk + 1], q8[4 * kk + 2], q8[4 * kk + 3]};
-        wgmma_rs_n64<T>(s, a, dk + off, 1);
+        wgmma_rs_n64<T>(s, a, dk + off, acc);
       }
     }
   }
@@ -480,11 +483,13 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   issue_pv_regs<T>(o, pa, sm, 0, 0);
   wgmma_wait<0>();
   reg_fence_all(o);
+  // Slot 0's blocks 0..3 are read for the last time (warpgroup 1 never reads them): refill them
+  // with tile 2 i + 2.
+  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
 
   // scale_B from warpgroup 1: P_A scaled by it for warpgroup 1's P_A V_A,R; O_L = scale_B O_L +
-  // P_B V_B,L. Slot 0's blocks 0..3 are read for the last time: refill them with tile 2 i + 2.
+  // P_B V_B,L.
   named_barrier(kBarScaleB, Tr::kNumThreads);
-  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
   const float fb[2] = {sm.scale(1)[ln.rbase], sm.scale(1)[ln.rbase + 8]};
 #pragma unroll
   for (int j = 0; j < 32; ++j) s[j] *= fb[(j >> 1) & 1];
@@ -500,7 +505,7 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   }
   // S of tile 2 i + 2: its blocks 0..3 (copied first) while P_B V_B,L runs; once that completed,
   // slot 1's blocks 0..3 are refilled with tile 2 i + 3; then blocks 4..8.
-  if (has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup>(s, q8, sm, 0, parity);
+  if (has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, parity);
   if (has_b) {
     if (has_a2)
       wgmma_wait<1>();
@@ -509,7 +514,8 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
     if (has_b2) issue_group_copies(w, 1, tok_b + 2 * Tr::kBlockN, coord_b2, ln);
   }
   if (has_a2) {
-    issue_scores<T, Tr::kOBlocksPerGroup, Tr::kColBlocks>(s, q8, sm, 0, parity);
+    issue_scores<T, Tr::kOBlocksPerGroup, Tr::kColBlocks, Tr::kOBlocksPerGroup, false>(
+        s, q8, sm, 0, parity);
     parity ^= 1u;
   }
   wgmma_wait<0>();
@@ -569,7 +575,8 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   wgmma_wait<0>();
   if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
   if (has_b2) {
-    issue_scores<T, 0, Tr::kColBlocks>(s, q8, sm, 1, parity);
+    // Blocks 4..8 first: this warpgroup copied them before warpgroup 0 copied 0..3.
+    issue_scores<T, 0, Tr::kColBlocks, Tr::kOBlocksPerGroup, true>(s, q8, sm, 1, parity);
     parity ^= 1u;
     wgmma_wait<0>();
   }
@@ -666,7 +673,7 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float s[32];
   if (ln.g < w.n_tiles) {
-    issue_scores<T, 0, Tr::kColBlocks>(s, q8, sm, ln.g, parity);
+    issue_scores<T, 0, Tr::kColBlocks, 0, true>(s, q8, sm, ln.g, parity);
     parity ^= 1u;
     wgmma_wait<0>();
     reg_fence_all(s);

@@ -213,13 +213,17 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
 // ---- tensor copies (TMA) ----
 // Copy the box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a __grid_constant__
 // kernel parameter) into shared memory at dst (1024-aligned for the 128-byte swizzle); the copy
-// completes its bytes on barrier `bar`. Elements outside the tensor are written as zeros.
+// completes its bytes on barrier `bar`. Elements outside the tensor are written as zeros. The
+// lines are marked evict-first in L2: the cache is streamed once per call (the other row tile of
+// the request reads them at about the same time).
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2,
                                             uint32_t bar) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const void* map) {
