@@ -308,48 +308,67 @@ struct RowState {
 };
 
 // The scores of one tile (token tok at column 0) turned into P in place, for the running max
-// m_prev of each row (shared memory): tokens past the row's limit or not copied (tok_ok bit
-// clear) are masked (-inf), a seen score s becomes x + (x - x) with x = s scale log2(e) (NaN when
-// not finite: its row turns NaN), m_new = max(m_prev, row max) (fmaxf skips NaN), p =
-// 2^(x - m_new) (m_new = -inf counts as 0, so no (-inf) - (-inf)). Returns the rows' m_new in
-// m_new[] and the sums of p in psum[].
+// m_prev of each row (log2 units, shared memory). A score is seen when its token is copied
+// (tok_ok bit) and inside the row's limit; unseen ones give p = 0. The row's tile max in log2
+// units is max(seen) scale log2(e) (min(seen) for a negative scale), m_new = max(m_prev, it)
+// (fmaxf skips NaN), p = 2^(score scale log2(e) - m_new) (m_new = -inf counts as 0, so no
+// (-inf) - (-inf)). A seen infinite score makes every p of its row NaN, and a NaN score its own
+// p, so a row that sees a non-finite score turns NaN, as in the portable kernel. Tiles inside
+// both rows' limits with every page copied (all but a piece's last tiles and bad pages) take a
+// branch without per-token tests. Returns the rows' m_new and the sums of p.
 __device__ __forceinline__ void tile_softmax(float (&s)[32], const RowState& st,
                                              const float (&m_prev)[2], float (&m_new)[2],
                                              float (&psum)[2], uint64_t tok_ok, int tok,
                                              float scale_log2, const Lane& ln) {
-  // A tile inside both rows' limits with every page copied (all but a piece's last tiles and
-  // bad pages) needs no per-token test.
-  const bool whole = tok_ok == ~0ull && tok + Tr::kBlockN <= min(st.lim[0], st.lim[1]);
+  const bool whole = __all_sync(0xffffffffu, tok_ok == ~0ull &&
+                                                 tok + Tr::kBlockN <= min(st.lim[0], st.lim[1]));
   const uint64_t ok = tok_ok >> (2 * (ln.lane & 3));  // bit 8 j + e: this thread's column
-  float mx[2] = {-INFINITY, -INFINITY};
+  // seen(i): score s[i] (column 8 j + 2 (lane % 4) + e, row h) takes part.
+  auto seen = [&](int i) {
+    const int j = i >> 2, h = (i >> 1) & 1, e = i & 1;
+    return ((ok >> (8 * j + e)) & 1u) != 0 && tok + 8 * j + 2 * (ln.lane & 3) + e < st.lim[h];
+  };
+  float hi[2] = {-INFINITY, -INFINITY}, lo[2] = {INFINITY, INFINITY};
+  if (whole) {
 #pragma unroll
-  for (int j = 0; j < Tr::kBlockN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * (ln.lane & 3) + e;
-      const bool copied = whole || ((ok >> (8 * j + e)) & 1u) != 0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& x = s[4 * j + 2 * h + e];
-        const float v = x * scale_log2;
-        x = copied && (whole || tok + col < st.lim[h]) ? v + (v - v) : -INFINITY;
-        mx[h] = fmaxf(mx[h], x);
-      }
+    for (int i = 0; i < 32; ++i) {
+      hi[(i >> 1) & 1] = fmaxf(hi[(i >> 1) & 1], s[i]);
+      lo[(i >> 1) & 1] = fminf(lo[(i >> 1) & 1], s[i]);
     }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const bool in = seen(i);
+      hi[(i >> 1) & 1] = fmaxf(hi[(i >> 1) & 1], in ? s[i] : -INFINITY);
+      lo[(i >> 1) & 1] = fminf(lo[(i >> 1) & 1], in ? s[i] : INFINITY);
+    }
+  }
   float m_use[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    m_new[h] = fmaxf(m_prev[h], mx[h]);
-    m_use[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+      hi[h] = fmaxf(hi[h], __shfl_xor_sync(0xffffffffu, hi[h], d));
+      lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], d));
+    }
+    const float tile_max = scale_log2 >= 0.f ? hi[h] * scale_log2 : lo[h] * scale_log2;
+    m_new[h] = fmaxf(m_prev[h], tile_max);
+    const bool infinite = hi[h] == INFINITY || lo[h] == -INFINITY;
+    m_use[h] = infinite ? NAN : (m_new[h] == -INFINITY ? 0.f : m_new[h]);
     psum[h] = 0.f;
   }
+  if (whole) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int h = (i >> 1) & 1;
-    s[i] = fast_exp2(s[i] - m_use[h]);
-    psum[h] += s[i];
+    for (int i = 0; i < 32; ++i) {
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_use[(i >> 1) & 1]));
+      psum[(i >> 1) & 1] += s[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] = seen(i) ? fast_exp2(fmaf(s[i], scale_log2, -m_use[(i >> 1) & 1])) : 0.f;
+      psum[(i >> 1) & 1] += s[i];
+    }
   }
 }
 
@@ -393,17 +412,22 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[16])
 
 // This warpgroup's P fragments into the shared P tile of slot ps: block row r, token t at 16-byte
 // chunk t / 8 of row r (128-byte swizzle), the K-major A operand of the other warpgroup's P V.
-// Then the async-proxy fence, so the other warpgroup's wgmma reads them after the named barrier
-// that follows.
+// One stmatrix (four 8 x 8 matrices) per k16 step: matrix i of step kt is rows 8 (i % 2) .. of
+// the warp's 16, tokens 16 kt + 8 (i / 2) .., whose fragment is pa[4 kt + i]; lane l gives the
+// address of row l % 8 of matrix l / 8. Then the async-proxy fence, so the other warpgroup's
+// wgmma reads them after the named barrier that follows.
 __device__ __forceinline__ void store_p(const uint32_t (&pa)[16], const Smem& sm, int ps,
                                         const Lane& ln) {
-  uint8_t* tile = sm.base + (ps == 0 ? Tr::kPaOff : Tr::kPbOff);
+  const uint32_t tile = sm.p_tile(ps);
+  const int mi = ln.lane >> 3;
+  const int row = (ln.rbase & ~15) + (ln.lane & 7) + 8 * (mi & 1);
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    // pa[i] holds s[2 i], s[2 i + 1]: j = i / 2 (8-token column group), h = i % 2.
-    const int j = i >> 1, h = i & 1;
-    const int r = ln.rbase + 8 * h, t = 8 * j + 2 * (ln.lane & 3);
-    *reinterpret_cast<uint32_t*>(tile + tile_chunk_offset(r, t >> 3) + (t & 7) * 2) = pa[i];
+  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
+    const uint32_t addr = tile + tile_chunk_offset(row, 2 * kt + (mi >> 1));
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+        "r"(pa[4 * kt]), "r"(pa[4 * kt + 1]), "r"(pa[4 * kt + 2]), "r"(pa[4 * kt + 3])
+        : "memory");
   }
   fence_proxy_async_smem();
 }
