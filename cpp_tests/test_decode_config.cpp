@@ -185,7 +185,7 @@ TEST(KernelFamily, Sm90aOnlyOnSm90) {
       EXPECT_FALSE(f.has_value());
       continue;
     }
-    EXPECT_EQ(f, KernelFamily::kSm80);
+    EXPECT_EQ(f, cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);  // the default
     EXPECT_EQ(pick(cc, b, FamilyRequest::kSm80), KernelFamily::kSm80);
     EXPECT_EQ(pick(cc, b, FamilyRequest::kSm90a), cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);
     EXPECT_EQ(pick(cc, kf::cuda::parse_build_archs("80 86 89 90"), FamilyRequest::kSm90a),

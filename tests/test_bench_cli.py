@@ -225,10 +225,11 @@ def test_default_families():
     assert cli.built_families(info) == ["sm80"]
     assert cli.built_families(hopper) == ["sm80", "sm90a"]
     assert cli.built_families("kernelflow 0.1.0; cpu-only; cuda runtime none") == []
-    # 9.0 with the sm90a family: the default (portable) family runs here, sm90a in a child;
-    # without it (or on another device) the portable family alone.
-    assert cli.default_families(hopper, "90", "") == ["sm80", "sm90a"]
-    assert cli.default_families(hopper, "90", "auto") == ["sm80", "sm90a"]
+    # 9.0 with the sm90a family: the default (sm90a) family runs here, the portable one in a
+    # child; without it (or on another device) the portable family alone.
+    assert cli.default_families(hopper, "90", "") == ["sm90a", "sm80"]
+    assert cli.default_families(hopper, "90", "auto") == ["sm90a", "sm80"]
+    assert cli.process_family(hopper, "90", "") == "sm90a"
     assert cli.default_families(hopper, "90", "sm90a") == ["sm90a"]
     assert cli.process_family(hopper, "86", "sm90a") == "sm80"
     assert cli.default_families(info, "90", "") == ["sm80"]

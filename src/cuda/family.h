@@ -67,9 +67,9 @@ inline bool portable_image_runs(int cc, const BuildArchs& built) {
   return portable_sass_runs(cc, built) || portable_ptx_runs(cc, built);
 }
 
-// What KF_KERNEL_FAMILY in the environment asks for: unset, empty or "auto" the default family;
-// "sm80" the portable family everywhere; "sm90a" the sm_90a family where the device (9.0) and the
-// build have it, else the portable one.
+// What KF_KERNEL_FAMILY in the environment asks for: unset, empty or "auto" the default family
+// (pick_family); "sm80" the portable family everywhere; "sm90a" the sm_90a family where the
+// device (9.0) and the build have it, else the portable one (the default's choice too).
 enum class FamilyRequest { kAuto, kSm80, kSm90a };
 
 inline std::optional<FamilyRequest> parse_family_request(const std::string& value) {
@@ -81,15 +81,15 @@ inline std::optional<FamilyRequest> parse_family_request(const std::string& valu
 
 
 // The family a device of compute capability major.minor runs: sm90a on 9.0 when the build has
-// it and it is asked for; else the portable family where its code runs; none (nullopt) below
-// sm_80 or where the build has no code for the device. The default (auto) is the portable family
-// on every device: on the H200 the sm_90a decode kernel is not yet faster than the portable one
-// across the batch sizes (docs/design.md, "The sm_90a family").
+// it, unless the portable family is asked for (the default: on the H200 the sm_90a decode is at
+// least as fast as the portable one at every batch of h_q 128, docs/design.md "The sm_90a
+// family"); else the portable family where its code runs; none (nullopt) below sm_80 or where
+// the build has no code for the device.
 inline std::optional<KernelFamily> pick_family(int cc_major, int cc_minor, const BuildArchs& built,
                                                FamilyRequest request) {
   const int cc = cc_major * 10 + cc_minor;
   if (cc < 80) return std::nullopt;
-  if (request == FamilyRequest::kSm90a && cc == 90 && built.sm90a) return KernelFamily::kSm90a;
+  if (request != FamilyRequest::kSm80 && cc == 90 && built.sm90a) return KernelFamily::kSm90a;
   if (portable_image_runs(cc, built)) return KernelFamily::kSm80;
   return std::nullopt;
 }

@@ -10,7 +10,7 @@ read peak below the ridge point flops/byte = mma peak / read peak, the mma.sync 
 the whole run goes to one JSON (GPU, clocks seen, versions, command, every row).
 
 The families: the build's (sm80 always, sm90a when build_info lists 90a) that the device runs.
-The process's own family (the default, portable one, or the one KF_KERNEL_FAMILY forces) runs
+The process's own family (the default, or the one KF_KERNEL_FAMILY forces) runs
 here; any other runs in a child process with KF_KERNEL_FAMILY set, so that each family's timings
 come from a process that never ran the other (docs/design.md).
 
@@ -163,10 +163,10 @@ def built_families(build_info: str) -> list:
 
 
 def process_family(build_info: str, device_sm: str, env_family: str) -> str:
-    """The family this process's decodes run: the one KF_KERNEL_FAMILY forces (sm90a only
-    where the device is 9.0 and the build has it), else the default, the portable family
-    (docs/design.md, pick_family)."""
-    if env_family == "sm90a" and device_sm == "90" and "sm90a" in built_families(build_info):
+    """The family this process's decodes run (docs/design.md, pick_family): the portable one
+    when KF_KERNEL_FAMILY=sm80 forces it, else sm90a where the device is 9.0 and the build has
+    it (the default there), else the portable one."""
+    if env_family != "sm80" and device_sm == "90" and "sm90a" in built_families(build_info):
         return "sm90a"
     return "sm80"
 

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec = sub.add_parser("decode", help="one decode configuration under Nsight Compute")
     add_config_arguments(dec)
     dec.add_argument("--family", default="auto",
-                     help="kernel family (KF_KERNEL_FAMILY: auto or sm80; default auto)")
+                     help="kernel family (KF_KERNEL_FAMILY: auto, sm80 or sm90a; default auto)")
     dec.add_argument("--kernel", default=DECODE_KERNEL,
                      help=f"ncu --kernel-name filter (default {DECODE_KERNEL})")
     dec.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
