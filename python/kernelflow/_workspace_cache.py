@@ -71,9 +71,8 @@ class WorkspaceCache:
         current stream, and the tensor is on the current device (whose stream that is)."""
         if self._cuda_state is None:
             torch = sys.modules["torch"]
-            c = torch._C
-            current = getattr(c, "_cuda_getDevice", None) or torch.cuda.current_device
-            self._cuda_state = (c._cuda_isCurrentStreamCapturing, current)
+            current = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+            self._cuda_state = (torch.cuda.is_current_stream_capturing, current)
         capturing, current_device = self._cuda_state
         return not capturing() and like.get_device() == current_device()
 

@@ -60,10 +60,13 @@ def _define(schema: str, kernel, fake):
     return getattr(torch.ops.kernelflow, name).default
 
 
+_increment_version = torch.autograd.graph.increment_version
+
+
 def _written(*tensors) -> None:
     """Tell autograd that the op wrote these tensors (their version counters), as PyTorch's own
     in-place ops do; None entries are skipped."""
-    torch.autograd.graph.increment_version(tuple(t for t in tensors if t is not None))
+    _increment_version(tuple([t for t in tensors if t is not None]))
 
 
 def _num_workers(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
