@@ -88,6 +88,10 @@ def test_allocated_decodes_share_one_workspace(rng, device, used):
     assert bits_equal(first[0], third[0]) and bits_equal(first[1], third[1])
     assert used[0].data_ptr() % 256 == 0
     assert used[0].numel() >= kf.workspace_size(2, H_Q, S_Q, mla._num_workers_of(d.meta, 2))
+    kft.release_workspaces()
+    assert len(CACHE) == 0
+    d.check(*d.allocated(), "after release_workspaces")
+    assert len(CACHE) == 1 and next(iter(kept().values())) is used[-1]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -360,8 +360,10 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
 
     kv_format is inferred from a bfloat16/float16 cache and required ('fp8_e4m3' or 'int8')
     for a uint8 one. out, lse and workspace are allocated when not given; the workspace is
-    workspace_size(b, h_q, s_q, num_workers) bytes, uint8. CUDA graph users pass all three
-    (allocating inside a capture is not what you want). error_buffer (int32[4], see
+    workspace_size(b, h_q, s_q, num_workers) bytes, uint8 (for torch tensors on the current
+    stream, one buffer per device, stream and thread is kept and reused outside CUDA graph
+    captures: kernelflow.torch_ops.release_workspaces drops them). CUDA graph users pass all
+    three (allocating inside a capture is not what you want). error_buffer (int32[4], see
     new_error_buffer) receives flags for bad device-side values. The stream defaults to the
     current stream of q's framework (0 otherwise).
     """

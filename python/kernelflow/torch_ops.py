@@ -32,6 +32,7 @@ from torch import Tensor
 from . import _C
 from . import layer as _layer
 from . import mla as _mla
+from ._workspace_cache import WORKSPACES as _WORKSPACES
 
 __all__ = [
     "cache_append",
@@ -40,6 +41,7 @@ __all__ = [
     "launch_layer_graph",
     "mla_decode",
     "mla_decode_out",
+    "release_workspaces",
 ]
 
 _EIGHT_BIT = ("fp8_e4m3", "int8")
@@ -196,8 +198,9 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: 
                metadata: Tensor, softmax_scale: float, kv_format: Optional[str] = None,
                workspace: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """kernelflow.mla_decode as a custom op: returns new (out [b, s_q, h_q, 512] in q's dtype,
-    lse float32 [b, h_q, s_q]). workspace (uint8, kernelflow.new_workspace) is allocated by the
-    op when not given."""
+    lse float32 [b, h_q, s_q]). Without a workspace (uint8, kernelflow.new_workspace) the op
+    uses the one kept for the current stream, or one from the capture's pool inside a CUDA graph
+    capture (release_workspaces)."""
     return _DECODE(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
                    kv_format, workspace)
 
@@ -209,6 +212,14 @@ def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqle
     """kernelflow.mla_decode writing into the given out and lse."""
     _DECODE_OUT(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
                 kv_format, workspace, out, lse)
+
+
+def release_workspaces() -> None:
+    """Drop the decode workspaces kept for torch tensors: a decode given no workspace
+    (kernelflow.mla_decode, these ops, kernelflow.flash_mla) reuses one buffer per device,
+    stream and thread, grown to the largest size asked for. Their memory goes back to torch's
+    caching allocator; the next such decode allocates again."""
+    _WORKSPACES.release()
 
 
 # --- cache --------------------------------------------------------------------------------------
