@@ -55,16 +55,17 @@ class Decode:
 
 @pytest.fixture
 def used(monkeypatch):
-    """The workspaces the torch path decodes with when given none, in call order; the cache
-    starts empty and is emptied again after the test."""
+    """The workspaces the torch path of kernelflow.mla takes for decodes given none, in call
+    order; the cache starts empty and is emptied again after the test."""
     seen = []
-    pick = mla._scratch_workspace
 
-    def spy(*args):
-        seen.append(pick(*args))
-        return seen[-1]
+    def spy(pick):
+        def picked(*args):
+            seen.append(pick(*args))
+            return seen[-1]
+        return picked
 
-    monkeypatch.setattr(mla, "_scratch_workspace", spy)
+    monkeypatch.setattr(mla, "_scratch_workspace", spy(mla._scratch_workspace))
     CACHE.release()
     yield seen
     CACHE.release()
@@ -80,7 +81,7 @@ def test_allocated_decodes_share_one_workspace(rng, device, used):
     d = Decode(rng, device, [5, 37])
     first = d.allocated()
     d.check(*first, "first call")
-    second = kft.mla_decode(*d.args())  # the torch op takes the same path
+    second = kft.mla_decode(*d.args())  # the torch op, called eagerly
     d.check(*second, "the torch op")
     third = d.allocated()
     assert len(used) == 3 and used[0] is used[1] is used[2] is not None
@@ -125,6 +126,27 @@ def test_an_explicit_stream_keeps_nothing(rng, used):
     d = Decode(rng, "cpu", [5, 37])
     d.check(*d.allocated(stream=0), "stream=0")
     assert len(used) == 1 and used[0] is not None and len(CACHE) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_op_itself_keeps_nothing(rng, device, used):
+    """Called through torch.ops.kernelflow (as a compiled graph calls it) and compiled, the op
+    allocates its own workspace; only the eager Python functions take the kept one."""
+    d = Decode(rng, device, [5, 37])
+    ops = torch.ops.kernelflow
+    d.check(*ops.mla_decode(*d.args(), None, None), "torch.ops.kernelflow.mla_decode")
+    out = torch.empty((2, S_Q, H_Q, 512), dtype=d.q.dtype, device=device)
+    lse = torch.empty((2, H_Q, S_Q), dtype=torch.float32, device=device)
+    ops.mla_decode_out(*d.args(), None, None, out, lse)
+    d.check(out, lse, "torch.ops.kernelflow.mla_decode_out")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: kft.mla_decode(*a), fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        d.check(*compiled(*d.args()), "compiled")
+    assert len(CACHE) == 0 and all(w is not None for w in used)
+    kft.mla_decode_out(*d.args(), out, lse)
+    d.check(out, lse, "kft.mla_decode_out")
+    assert len(CACHE) == 1 and next(iter(kept().values())) is used[-1]
 
 
 def test_bounded_and_released():

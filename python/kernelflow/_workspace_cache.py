@@ -18,6 +18,10 @@ takes a workspace of at least the size it needs). The rule that makes the reuse 
   capture's memory pool (as any torch op does there) and that buffer is never kept. The same
   holds when the tensors are on another device than the current one, whose capture state the
   check cannot see.
+- only eager calls ask for a kept buffer: kernelflow.mla_decode on the current stream and the
+  Python functions of kernelflow.torch_ops outside torch.compile. The ops' implementations,
+  which compiled graphs call, allocate their own (torch_ops says why).
+- a buffer made by a dispatch mode (a fake tensor) is used once and never kept.
 
 At most MAX_BUFFERS buffers are kept (the oldest key is dropped first); release() drops them all.
 """
@@ -52,7 +56,8 @@ class WorkspaceCache:
         if kept is not None and kept[0] >= nbytes:
             return kept[1]
         workspace = _fresh(like, nbytes)
-        self._keep(key, nbytes, workspace)
+        if type(workspace) is type(like):  # not a tensor a dispatch mode made (a fake one)
+            self._keep(key, nbytes, workspace)
         return workspace
 
     @staticmethod
@@ -86,8 +91,10 @@ class WorkspaceCache:
 
 def _fresh(like, nbytes: int):
     """uint8[nbytes] on like's device, 256-byte aligned (torch's CUDA allocator always is; a CPU
-    allocation may need the slack of fw.empty_bytes)."""
-    workspace = like.new_empty((nbytes,), dtype=sys.modules["torch"].uint8)
+    allocation may need the slack of fw.empty_bytes). A factory call, not like.new_empty: what
+    wraps `like` (a functorch transform) does not wrap the buffer."""
+    torch = sys.modules["torch"]
+    workspace = torch.empty((nbytes,), dtype=torch.uint8, device=like.device)
     if workspace.data_ptr() % WORKSPACE_ALIGN:
         workspace = fw.empty_bytes(like, fw.TORCH, nbytes, WORKSPACE_ALIGN)
     return workspace
