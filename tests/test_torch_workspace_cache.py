@@ -122,6 +122,30 @@ def test_one_workspace_per_thread(rng, device, used):
         d.check(*got, what)
 
 
+def test_threads_at_once(rng, used):
+    """Threads decoding at the same time, each with two shapes in turn (its buffer grows, and
+    more threads than MAX_BUFFERS drop each other's), all give the bits of decodes with
+    workspaces of their own."""
+    shapes = [Decode(rng, "cpu", [9]), Decode(rng, "cpu", [9, 70, 33, 4])]
+    want = [d.with_own_workspace() for d in shapes]
+    wrong = []
+
+    def decode_in_turn():
+        for i in range(12):
+            got = shapes[i % 2].allocated()
+            if not all(bits_equal(g, w) for g, w in zip(got, want[i % 2])):
+                wrong.append(i)
+
+    workers = [threading.Thread(target=decode_in_turn)
+               for _ in range(_workspace_cache.MAX_BUFFERS + 2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not wrong and len(used) == 12 * len(workers)
+    assert len(CACHE) <= _workspace_cache.MAX_BUFFERS
+
+
 def test_an_explicit_stream_keeps_nothing(rng, used):
     d = Decode(rng, "cpu", [5, 37])
     d.check(*d.allocated(stream=0), "stream=0")

@@ -29,6 +29,7 @@ At most MAX_BUFFERS buffers are kept (the oldest key is dropped first); release(
 from __future__ import annotations
 
 import sys
+import threading
 from _thread import get_ident
 
 from . import _frameworks as fw
@@ -43,6 +44,7 @@ class WorkspaceCache:
     def __init__(self):
         self._buffers: dict = {}  # key -> (capacity in bytes, uint8 tensor)
         self._cuda_state = None  # (is the current stream capturing, current device), once needed
+        self._changing = threading.Lock()  # for changes only: a lookup is one dict read
 
     def get(self, like, stream: int, nbytes: int):
         """A workspace of at least nbytes for a decode of `like` (a torch tensor) on `stream`;
@@ -66,7 +68,8 @@ class WorkspaceCache:
         return _fresh(like, nbytes) if nbytes else None
 
     def release(self) -> None:
-        self._buffers.clear()
+        with self._changing:
+            self._buffers.clear()
 
     def __len__(self) -> int:
         return len(self._buffers)
@@ -82,11 +85,12 @@ class WorkspaceCache:
         return not capturing() and like.get_device() == current_device()
 
     def _keep(self, key, nbytes: int, workspace) -> None:
-        buffers = self._buffers
-        buffers.pop(key, None)  # a larger buffer replaces the key's, as its newest entry
-        while len(buffers) >= MAX_BUFFERS:
-            del buffers[next(iter(buffers))]
-        buffers[key] = (nbytes, workspace)
+        with self._changing:
+            buffers = self._buffers
+            buffers.pop(key, None)  # a larger buffer replaces the key's, as its newest entry
+            while len(buffers) >= MAX_BUFFERS:
+                del buffers[next(iter(buffers))]
+            buffers[key] = (nbytes, workspace)
 
 
 def _fresh(like, nbytes: int):

@@ -256,10 +256,10 @@ def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqle
 
 
 def release_workspaces() -> None:
-    """Drop the decode workspaces kept for torch tensors: a decode given no workspace
-    (kernelflow.mla_decode, these ops, kernelflow.flash_mla) reuses one buffer per device,
-    stream and thread, grown to the largest size asked for. Their memory goes back to torch's
-    caching allocator; the next such decode allocates again."""
+    """Drop the decode workspaces kept for torch tensors: an eager decode given no workspace
+    (kernelflow.mla_decode, mla_decode and mla_decode_out here, kernelflow.flash_mla) reuses one
+    buffer per device, stream and thread, grown to the largest size asked for. Their memory goes
+    back to torch's caching allocator; the next such decode allocates again."""
     _WORKSPACES.release()
 
 
