@@ -13,13 +13,18 @@ Cases, all on the same inputs (bf16, page 64, one request of --s-k tokens, --h-q
 On a GPU a call's wall clock is the host time as long as the host is slower than the kernel (at
 b = 1 the decode kernel takes about 10 us); the last call's drain is counted once per round. On
 the CPU backend (--device cpu) the decode runs inside the call, so the figures are the CPU
-backend's compute plus the host path: a smoke test, not a host measurement.
+backend's compute plus the host path: a smoke test, not a host measurement. --host-only replaces
+the binding's decode and metadata entries (kernelflow._C.mla_decode, .mla_metadata) by no-ops
+after the bits are checked: what is left is the Python and torch side of each call (argument
+handling, allocations, the dispatcher), which a CPU machine can measure without the compute;
+FlashMLA is left out then.
 Issue 15's targets, checked when FlashMLA ran: our decode at most FlashMLA's
 flash_mla_with_kvcache with outputs given and at most 1.2x of it with outputs allocated, through
 the plain API and the torch ops.
 
     python3 bench/host_overhead.py --json $OUT/host_overhead.json
     python3 bench/host_overhead.py --device cpu --calls 5 --repeats 1 --s-k 64   # smoke test
+    python3 bench/host_overhead.py --device cpu --host-only --calls 20000  # the Python side
 """
 from __future__ import annotations
 
@@ -53,6 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=9, help="rounds; the median is reported")
     ap.add_argument("--h-q", type=int, default=16)
     ap.add_argument("--s-k", type=int, default=4096)
+    ap.add_argument("--host-only", action="store_true",
+                    help="time the calls with the library's decode and metadata entries "
+                         "replaced by no-ops (the Python and torch side alone)")
     ap.add_argument("--json", help="write the results here (tools/compact_results.py's layout)")
     return ap.parse_args(argv)
 
@@ -142,6 +150,13 @@ def check_same_bits(t: Inputs, cases: dict) -> None:
                 raise SystemExit("FAIL: the decode entries disagree")
 
 
+def stub_library() -> None:
+    """Replace the binding's entries that launch (or, on the CPU backend, compute) a decode or
+    a metadata by no-ops, for --host-only."""
+    for name in ("mla_decode", "mla_metadata"):
+        setattr(kf._C, name, lambda *args: None)
+
+
 def measure(cases: dict, calls: int, repeats: int, sync) -> dict:
     """name -> microseconds per call (median and min over the rounds)."""
     for _, fn in cases.values():  # warm-up: caches, the allocator, lazy initialization
@@ -188,7 +203,11 @@ def main(argv=None) -> int:
     t = Inputs(args.device, args.h_q, args.s_k)
     cases = our_cases(t)
     check_same_bits(t, cases)
-    fm_cases, flashmla = flashmla_cases(t)
+    if args.host_only:
+        stub_library()
+        fm_cases, flashmla = None, "left out (--host-only)"
+    else:
+        fm_cases, flashmla = flashmla_cases(t)
     if fm_cases:
         cases.update(fm_cases)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -199,7 +218,10 @@ def main(argv=None) -> int:
           f"{kf.__version__}, python {platform.python_version()}; {date}")
     print(f"b 1, h_q {args.h_q}, s_q 1, s_k {args.s_k}, bf16, page {PAGE}; {args.calls} calls "
           f"enqueued back to back, median of {args.repeats} rounds; flash_mla {flashmla}")
-    if args.device == "cpu":
+    if args.host_only:
+        print("--host-only: the library's decode and metadata entries are no-ops (the Python "
+              "and torch side of each call)")
+    elif args.device == "cpu":
         print("CPU backend: the decode runs inside each call (compute included)")
     print(f"\n| case | us per call (median) | min |\n|---|---|---|")
     for name, (what, _) in cases.items():
@@ -218,7 +240,8 @@ def main(argv=None) -> int:
                                                                     if argv is None else argv),
             "shape": {"b": 1, "h_q": args.h_q, "s_q": 1, "s_k": args.s_k, "page": PAGE,
                       "dtype": "bf16"},
-            "calls": args.calls, "repeats": args.repeats, "flash_mla": flashmla,
+            "calls": args.calls, "repeats": args.repeats, "host_only": args.host_only,
+            "flash_mla": flashmla,
             "rows": [{"case": name, "what": what, "us": round(times[name][0], 2),
                       "us_min": round(times[name][1], 2)} for name, (what, _) in cases.items()],
             "targets": checks,

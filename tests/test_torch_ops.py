@@ -198,13 +198,17 @@ def test_cuda_graphs_same_bits():
     """mode="reduce-overhead" records the step in a CUDA graph and replays it. The caches keep
     their addresses across steps (mark_static_address), as a serving engine's do: CUDA graphs
     are skipped for a graph that writes an input of changing address, which the skip counter
-    would show."""
+    would show. The compiled ops keep no workspace: their first calls run with allocations
+    routed to the CUDA graph trees' private pool, whose blocks the trees hand out again."""
     from torch._dynamo.utils import counters
+
+    from kernelflow._workspace_cache import WORKSPACES
 
     torch._dynamo.reset()
     counters.clear()
     step = Step("cuda")
     want, want_caches = run_eager(step)
+    kept = {key: id(tensor) for key, (_, tensor) in WORKSPACES._buffers.items()}
     caches = [c.clone() for c in step.caches]
     for cache in caches:
         torch._dynamo.mark_static_address(cache)
@@ -217,6 +221,8 @@ def test_cuda_graphs_same_bits():
         torch.cuda.synchronize()
         check_same_bits(got, want, caches, want_caches)
     assert counters["inductor"]["cudagraph_skips"] == 0, "the step did not run as a CUDA graph"
+    assert {key: id(tensor) for key, (_, tensor) in WORKSPACES._buffers.items()} == kept, \
+        "a compiled op kept a workspace"
 
 
 def test_import_kernelflow_leaves_torch_alone():

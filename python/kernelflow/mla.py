@@ -23,6 +23,7 @@ import numpy as np
 from . import _C
 from . import _frameworks as fw
 from ._errors import call
+from ._workspace_cache import WORKSPACES
 
 KV_FORMATS = {
     "bf16": _C.KV_BF16,
@@ -230,7 +231,6 @@ def _check_q_fits(dims, q, cache_seqlens, metadata) -> None:
 # sees the same state (a CUDA error is met, and reported, again).
 _REFUSED = (ValueError, TypeError, RuntimeError)
 _FORMAT_CODE_OF_DTYPE = {dtype: KV_FORMATS[fmt] for dtype, fmt in _FORMAT_OF_DTYPE.items()}
-_WORKSPACE_ALIGN = 256  # bytes: the C API's workspace rule
 
 
 def _torch_first(kit, torch_path, checked_path, *args):
@@ -268,15 +268,12 @@ def _torch_stream(kit, stream, like):
     return None
 
 
-def _torch_workspace(kit, q, nbytes: int):
-    """uint8[nbytes] on q's device, 256-byte aligned (torch's CUDA allocator always is); None for
-    0 bytes."""
-    if not nbytes:
-        return None
-    workspace = q.new_empty((nbytes,), dtype=kit.uint8)
-    if workspace.data_ptr() % _WORKSPACE_ALIGN:
-        workspace = fw.empty_bytes(q, fw.TORCH, nbytes, _WORKSPACE_ALIGN)
-    return workspace
+def _scratch_workspace(q, stream, handle: int, nbytes: int):
+    """The workspace of a decode that was given none: the buffer kept for the current stream
+    (_workspace_cache states when reuse is safe), or a new one for an explicit stream."""
+    if stream is None:
+        return WORKSPACES.get(q, handle, nbytes)
+    return WORKSPACES.fresh(q, nbytes)
 
 
 def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=None,
@@ -363,8 +360,10 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale:
 
     kv_format is inferred from a bfloat16/float16 cache and required ('fp8_e4m3' or 'int8')
     for a uint8 one. out, lse and workspace are allocated when not given; the workspace is
-    workspace_size(b, h_q, s_q, num_workers) bytes, uint8. CUDA graph users pass all three
-    (allocating inside a capture is not what you want). error_buffer (int32[4], see
+    workspace_size(b, h_q, s_q, num_workers) bytes, uint8 (for torch tensors on the current
+    stream, one buffer per device, stream and thread is kept and reused outside CUDA graph
+    captures: kernelflow.torch_ops.release_workspaces drops them). CUDA graph users pass all
+    three (allocating inside a capture is not what you want). error_buffer (int32[4], see
     new_error_buffer) receives flags for bad device-side values. The stream defaults to the
     current stream of q's framework (0 otherwise).
     """
@@ -439,7 +438,7 @@ def _decode_torch(kit, q, kv_cache, block_table, cache_seqlens, metadata, softma
         if lse is None:
             lse = q.new_empty((batch, h_q, s_q), dtype=kit.float32)
         if workspace is None:
-            workspace = _torch_workspace(kit, q, _decode_workspace_bytes(
+            workspace = _scratch_workspace(q, stream, handle, _decode_workspace_bytes(
                 batch, h_q, s_q, tuple(metadata.shape)))
     capsule = kit.capsule
     _C.mla_decode(capsule(q), capsule(kv_cache), code, capsule(block_table),

@@ -24,14 +24,18 @@ Importing this module imports torch; `import kernelflow` does not.
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _C
+from . import _frameworks as _fw
 from . import layer as _layer
 from . import mla as _mla
+from ._workspace_cache import WORKSPACE_ALIGN as _WORKSPACE_ALIGN
+from ._workspace_cache import WORKSPACES as _WORKSPACES
 
 __all__ = [
     "cache_append",
@@ -40,6 +44,7 @@ __all__ = [
     "launch_layer_graph",
     "mla_decode",
     "mla_decode_out",
+    "release_workspaces",
 ]
 
 _EIGHT_BIT = ("fp8_e4m3", "int8")
@@ -60,10 +65,13 @@ def _define(schema: str, kernel, fake):
     return getattr(torch.ops.kernelflow, name).default
 
 
+_increment_version = torch.autograd.graph.increment_version
+
+
 def _written(*tensors) -> None:
     """Tell autograd that the op wrote these tensors (their version counters), as PyTorch's own
     in-place ops do; None entries are skipped."""
-    torch.autograd.graph.increment_version(tuple(t for t in tensors if t is not None))
+    _increment_version(tuple([t for t in tensors if t is not None]))
 
 
 def _num_workers(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
@@ -118,8 +126,37 @@ def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
 
 # --- decode -------------------------------------------------------------------------------------
 
-# The C API's workspace alignment (kf_mla_workspace_size's rule).
-_WORKSPACE_ALIGN = 256
+# A decode given no workspace takes the buffer kept for the current stream (kernelflow.mla's
+# rule) only inside an eager call of mla_decode or mla_decode_out below. Otherwise the decode
+# kernels name the current stream (kernelflow.mla_decode's stream=), which makes the decode
+# allocate a workspace of its own: the kernels also run inside compiled graphs, and CUDA graph
+# trees (mode="reduce-overhead") run a graph's first calls with every allocation routed to the
+# graph's private memory pool, whose blocks the trees hand out again; a kept buffer must not come
+# from there.
+
+
+class _EagerCall(threading.local):
+    """Whether this thread is inside an eager call of mla_decode or mla_decode_out below."""
+
+    active = False
+
+
+_EAGER = _EagerCall()
+
+
+def _eagerly(op, args):
+    """op(*args) with _EAGER.active set for the call."""
+    _EAGER.active = True
+    try:
+        return op(*args)
+    finally:
+        _EAGER.active = False
+
+
+def _decode_stream(q: Tensor):
+    """The stream= of a decode kernel's call: None (the current stream, the kept workspace)
+    inside an eager call; the current stream named, so that no kept workspace is used, else."""
+    return None if _EAGER.active else _fw.stream_handle(None, q, _fw.TORCH)
 
 
 def _scratch(workspace):
@@ -141,7 +178,8 @@ def _decode_kernel(q, kv_cache, block_table, cache_seqlens, metadata, softmax_sc
                    workspace):
     try:
         result = _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata,
-                                 softmax_scale, kv_format=kv_format, workspace=_scratch(workspace))
+                                 softmax_scale, kv_format=kv_format, workspace=_scratch(workspace),
+                                 stream=_decode_stream(q))
     except ValueError:
         _check_q(q)  # a q of the wrong layout gets the fake implementation's message
         raise
@@ -166,7 +204,8 @@ def _decode_out_kernel(q, kv_cache, block_table, cache_seqlens, metadata, softma
                        kv_format, workspace, out, lse):
     try:
         _mla.mla_decode(q, kv_cache, block_table, cache_seqlens, metadata, softmax_scale,
-                        kv_format=kv_format, out=out, lse=lse, workspace=_scratch(workspace))
+                        kv_format=kv_format, out=out, lse=lse, workspace=_scratch(workspace),
+                        stream=_decode_stream(q))
     except ValueError:
         _check_q(q)  # a q of the wrong layout gets the fake implementation's message
         raise
@@ -193,10 +232,14 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: 
                metadata: Tensor, softmax_scale: float, kv_format: Optional[str] = None,
                workspace: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """kernelflow.mla_decode as a custom op: returns new (out [b, s_q, h_q, 512] in q's dtype,
-    lse float32 [b, h_q, s_q]). workspace (uint8, kernelflow.new_workspace) is allocated by the
-    op when not given."""
-    return _DECODE(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
-                   kv_format, workspace)
+    lse float32 [b, h_q, s_q]). Without a workspace (uint8, kernelflow.new_workspace) an eager
+    call uses the one kept for the current stream (release_workspaces), and a compiled one, or
+    one inside a CUDA graph capture, allocates its own."""
+    args = (q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale), kv_format,
+            workspace)
+    if workspace is not None or torch.compiler.is_compiling():
+        return _DECODE(*args)
+    return _eagerly(_DECODE, args)
 
 
 def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
@@ -204,8 +247,20 @@ def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqle
                    kv_format: Optional[str] = None,
                    workspace: Optional[Tensor] = None) -> None:
     """kernelflow.mla_decode writing into the given out and lse."""
-    _DECODE_OUT(q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale),
-                kv_format, workspace, out, lse)
+    args = (q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale), kv_format,
+            workspace, out, lse)
+    if workspace is not None or torch.compiler.is_compiling():
+        _DECODE_OUT(*args)
+    else:
+        _eagerly(_DECODE_OUT, args)
+
+
+def release_workspaces() -> None:
+    """Drop the decode workspaces kept for torch tensors: an eager decode given no workspace
+    (kernelflow.mla_decode, mla_decode and mla_decode_out here, kernelflow.flash_mla) reuses one
+    buffer per device, stream and thread, grown to the largest size asked for. Their memory goes
+    back to torch's caching allocator; the next such decode allocates again."""
+    _WORKSPACES.release()
 
 
 # --- cache --------------------------------------------------------------------------------------
