@@ -103,13 +103,13 @@ std::optional<KernelFamily> pick(int cc, const BuildArchs& b,
   return kf::cuda::pick_family(cc / 10, cc % 10, b, r);
 }
 
-// 16-bit caches above 16 rows run the sm_90a kernel in 64-row tiles; 16 rows or fewer and every
+// 16-bit caches above 32 rows run the sm_90a kernel in 64-row tiles; 32 rows or fewer and every
 // 8-bit cache run the portable kernels.
-TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
+TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveThirtyTwoRows) {
   for (KvFormat f : kFormats) {
     for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
       const bool bits16 = f == KvFormat::kBF16 || f == KvFormat::kFP16;
-      EXPECT_EQ(kf::cuda::sm90a_kernel_runs(rows, f), bits16 && rows > 16)
+      EXPECT_EQ(kf::cuda::sm90a_kernel_runs(rows, f), bits16 && rows > 32)
           << "rows " << rows << " format " << int(f);
     }
   }
