@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import steps_table  # noqa: E402
 
-PAGES = ("decode.md", "layer.md")
+PAGES = ("decode.md", "layer.md", "sm90a.md")
 
 
 def entries():
@@ -33,7 +33,7 @@ def test_every_entry_lands_in_one_page_table():
 def test_ids_are_unique_and_parts_known():
     ids = [e["id"] for e in entries()]
     assert len(ids) == len(set(ids))
-    assert {steps_table.entry_part(e) for e in entries()} == {"decode", "layer"}
+    assert {steps_table.entry_part(e) for e in entries()} == {"decode", "layer", "sm90a"}
 
 
 def test_row_shows_each_case_before_and_after():
