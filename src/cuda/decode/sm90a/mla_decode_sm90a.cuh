@@ -476,25 +476,38 @@ __device__ __forceinline__ int group_page_coord(const PieceWalk& w, int tok, con
   return lane_page_coord(w.p, w.e, tok, blocks, w.tg, ln.lane);
 }
 
-// Warpgroup 0's part of step i (tiles A = 2 i, in slot 0, and B = 2 i + 1, in slot 1): on entry
-// s holds S_A; on exit S of tile 2 i + 2 (when there is one).
+// The tiles of step i: A = 2 i (slot 0, tokens tok_a ..) and B = 2 i + 1 (slot 1), whether B and
+// the next step's tiles exist, and this lane's page coordinates for its warpgroup's copies of
+// the next step's tiles (looked up at the step's start, so their latency is hidden).
+struct StepTiles {
+  int tok_a, tok_b;
+  bool has_b, has_a2, has_b2;
+  int coord_a2, coord_b2;
+  __device__ __forceinline__ StepTiles(const PieceWalk& w, int i, const Lane& ln)
+      : tok_a(w.e.begin + 2 * i * Tr::kBlockN),
+        tok_b(tok_a + Tr::kBlockN),
+        has_b(2 * i + 1 < w.n_tiles),
+        has_a2(2 * i + 2 < w.n_tiles),
+        has_b2(2 * i + 3 < w.n_tiles),
+        coord_a2(has_a2 ? group_page_coord(w, tok_a + 2 * Tr::kBlockN, ln) : 0),
+        coord_b2(has_b2 ? group_page_coord(w, tok_b + 2 * Tr::kBlockN, ln) : 0) {}
+};
+
+// Warpgroup 0's part of step i (StepTiles): on entry s holds S_A; on exit S of the next step's
+// tile A (when there is one).
 template <typename T>
 __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s)[32],
                                             float (&o)[128], RowState& st,
                                             const uint32_t (&q8)[16], uint32_t& parity,
                                             const Lane& ln) {
   const Smem& sm = w.sm;
-  const int tok_a = w.e.begin + 2 * i * Tr::kBlockN, tok_b = tok_a + Tr::kBlockN;
-  const bool has_b = 2 * i + 1 < w.n_tiles, has_a2 = 2 * i + 2 < w.n_tiles,
-             has_b2 = 2 * i + 3 < w.n_tiles;
-  const int coord_a2 = has_a2 ? group_page_coord(w, tok_a + 2 * Tr::kBlockN, ln) : 0;
-  const int coord_b2 = has_b2 ? group_page_coord(w, tok_b + 2 * Tr::kBlockN, ln) : 0;
-  if (tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - tok_a, ln);
+  const StepTiles t(w, i, ln);
+  if (t.tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - t.tok_a, ln);
 
   // m_A, scale_A, P_A; O_L = scale_A O_L + P_A V_A,L.
   float m_prev[2], m_new[2], psum[2], f[2];
   read_row_max(sm, ln, m_prev);
-  tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(0), tok_a, w.scale_log2, ln);
+  tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(0), t.tok_a, w.scale_log2, ln);
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
   store_row_max(sm, ln, 0, m_new, f);
@@ -509,7 +522,7 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   reg_fence_all(o);
   // Slot 0's blocks 0..3 are read for the last time (warpgroup 1 never reads them): refill them
   // with tile 2 i + 2.
-  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
+  if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
 
   // scale_B from warpgroup 1: P_A scaled by it for warpgroup 1's P_A V_A,R; O_L = scale_B O_L +
   // P_B V_B,L.
@@ -523,21 +536,21 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   scale_rows(o, fb);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] *= fb[h];
-  if (has_b) {
+  if (t.has_b) {
     named_barrier(kBarPb, Tr::kNumThreads);
     issue_pv_smem<T>(o, sm, 1, 1, 0);
   }
   // S of tile 2 i + 2: its blocks 0..3 (copied first) while P_B V_B,L runs; once that completed,
   // slot 1's blocks 0..3 are refilled with tile 2 i + 3; then blocks 4..8.
-  if (has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, parity);
-  if (has_b) {
-    if (has_a2)
+  if (t.has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, parity);
+  if (t.has_b) {
+    if (t.has_a2)
       wgmma_wait<1>();
     else
       wgmma_wait<0>();
-    if (has_b2) issue_group_copies(w, 1, tok_b + 2 * Tr::kBlockN, coord_b2, ln);
+    if (t.has_b2) issue_group_copies(w, 1, t.tok_b + 2 * Tr::kBlockN, t.coord_b2, ln);
   }
-  if (has_a2) {
+  if (t.has_a2) {
     issue_scores<T, Tr::kOBlocksPerGroup, Tr::kColBlocks, Tr::kOBlocksPerGroup, false>(
         s, q8, sm, 0, parity);
     parity ^= 1u;
@@ -547,27 +560,23 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   reg_fence_all(s);
 }
 
-// Warpgroup 1's part of step i: on entry s holds S_B (when tile B exists); on exit S of tile
-// 2 i + 3 (when there is one).
+// Warpgroup 1's part of step i: on entry s holds S_B (when tile B exists); on exit S of the next
+// step's tile B (when there is one).
 template <typename T>
 __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s)[32],
                                             float (&o)[128], RowState& st,
                                             const uint32_t (&q8)[16], uint32_t& parity,
                                             const Lane& ln) {
+  const StepTiles t(w, i, ln);
   const Smem& sm = w.sm;
-  const int tok_a = w.e.begin + 2 * i * Tr::kBlockN, tok_b = tok_a + Tr::kBlockN;
-  const bool has_b = 2 * i + 1 < w.n_tiles, has_a2 = 2 * i + 2 < w.n_tiles,
-             has_b2 = 2 * i + 3 < w.n_tiles;
-  const int coord_a2 = has_a2 ? group_page_coord(w, tok_a + 2 * Tr::kBlockN, ln) : 0;
-  const int coord_b2 = has_b2 ? group_page_coord(w, tok_b + 2 * Tr::kBlockN, ln) : 0;
-  if (has_b && tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - tok_b, ln);
+  if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln);
 
   // m_B, scale_B, P_B (no tile B: P_B = 0, m_B = m_A); O_R = scale_A scale_B O_R + P_B V_B,R.
   named_barrier(kBarScaleA, Tr::kNumThreads);
   float m_prev[2], m_new[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f}, f[2];
   read_row_max(sm, ln, m_prev);
-  if (has_b) {
-    tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(1), tok_b, w.scale_log2, ln);
+  if (t.has_b) {
+    tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(1), t.tok_b, w.scale_log2, ln);
   } else {
     m_new[0] = m_prev[0];
     m_new[1] = m_prev[1];
@@ -580,7 +589,7 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   scale_rows(o, fo);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * fo[h] + psum[h];
-  if (has_b) {
+  if (t.has_b) {
     uint32_t pb[16];
     pack_p<T>(s, pb);
     store_p(pb, sm, 1, ln);
@@ -589,16 +598,16 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   // O_R += (scale_B P_A) V_A,R; P_B is stored (and fenced) for warpgroup 0.
   named_barrier(kBarPa, Tr::kNumThreads);
   issue_pv_smem<T>(o, sm, 0, 0, 1);
-  if (has_b) named_arrive(kBarPb, Tr::kNumThreads);
+  if (t.has_b) named_arrive(kBarPb, Tr::kNumThreads);
   // Refill slot 1's blocks 4..8 once P_B V_B,R completed, slot 0's once P_A V_A,R did; then S of
   // tile 2 i + 3.
-  if (has_b) {
+  if (t.has_b) {
     wgmma_wait<1>();
-    if (has_b2) issue_group_copies(w, 1, tok_b + 2 * Tr::kBlockN, coord_b2, ln);
+    if (t.has_b2) issue_group_copies(w, 1, t.tok_b + 2 * Tr::kBlockN, t.coord_b2, ln);
   }
   wgmma_wait<0>();
-  if (has_a2) issue_group_copies(w, 0, tok_a + 2 * Tr::kBlockN, coord_a2, ln);
-  if (has_b2) {
+  if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
+  if (t.has_b2) {
     // Blocks 4..8 first: this warpgroup copied them before warpgroup 0 copied 0..3.
     issue_scores<T, 0, Tr::kColBlocks, Tr::kOBlocksPerGroup, true>(s, q8, sm, 1, parity);
     parity ^= 1u;

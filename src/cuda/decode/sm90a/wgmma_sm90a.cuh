@@ -108,43 +108,38 @@ constexpr bool kIsBf16 = std::is_same<T, __nv_bfloat16>::value;
                ", p, 1, 1, " TRANS_B ";\n}\n"                                                \
                : D_OPERANDS(d)                                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+// OP (KF_WGMMA_SS or KF_WGMMA_RS) for the PTX type of T.
+#define KF_WGMMA_T(OP, SHAPE, ...)       \
+  if constexpr (kIsBf16<T>)              \
+    OP(SHAPE, "bf16", __VA_ARGS__);      \
+  else                                   \
+    OP(SHAPE, "f16", __VA_ARGS__)
 
 // D (64 x 64, fp32) = A (64 x 16, shared, K-major) B (16 x 64, shared, K-major: 64 rows of 16
 // k values) + (accumulate ? D : 0).
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                              int accumulate) {
-  if constexpr (kIsBf16<T>)
-    KF_WGMMA_SS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
-                KF_WGMMA_D32_OPERANDS);
-  else
-    KF_WGMMA_SS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
-                KF_WGMMA_D32_OPERANDS);
+  KF_WGMMA_T(KF_WGMMA_SS, "m64n64k16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
+             KF_WGMMA_D32_OPERANDS);
 }
 
 // D (64 x 64, fp32) = A (64 x 16, registers) B (16 x 64, shared, K-major) + (accumulate ? D : 0).
 template <typename T>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4],
                                              uint64_t desc_b, int accumulate) {
-  if constexpr (kIsBf16<T>)
-    KF_WGMMA_RS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "{%32,%33,%34,%35}", "%36", "%37", "0",
-                KF_WGMMA_D32_OPERANDS);
-  else
-    KF_WGMMA_RS("m64n64k16", "f16", KF_WGMMA_D32_REGS, "{%32,%33,%34,%35}", "%36", "%37", "0",
-                KF_WGMMA_D32_OPERANDS);
+  KF_WGMMA_T(KF_WGMMA_RS, "m64n64k16", KF_WGMMA_D32_REGS, "{%32,%33,%34,%35}", "%36", "%37", "0",
+             KF_WGMMA_D32_OPERANDS);
 }
 
 // D (64 x 256, fp32) = A (64 x 16, registers) B (16 x 256, shared, MN-major: 16 rows of four
-// 64-column blocks `lbo` apart, 8-row groups `sbo` apart) + (accumulate ? D : 0).
+// 64-column blocks the descriptor's leading byte offset apart, 8-row groups its stride byte
+// offset apart) + (accumulate ? D : 0).
 template <typename T>
 __device__ __forceinline__ void wgmma_rs_n256_bmn(float (&d)[128], const uint32_t (&a)[4],
                                                   uint64_t desc_b, int accumulate) {
-  if constexpr (kIsBf16<T>)
-    KF_WGMMA_RS("m64n256k16", "bf16", KF_WGMMA_D128_REGS, "{%128,%129,%130,%131}", "%132", "%133",
-                "1", KF_WGMMA_D128_OPERANDS);
-  else
-    KF_WGMMA_RS("m64n256k16", "f16", KF_WGMMA_D128_REGS, "{%128,%129,%130,%131}", "%132", "%133",
-                "1", KF_WGMMA_D128_OPERANDS);
+  KF_WGMMA_T(KF_WGMMA_RS, "m64n256k16", KF_WGMMA_D128_REGS, "{%128,%129,%130,%131}", "%132",
+             "%133", "1", KF_WGMMA_D128_OPERANDS);
 }
 
 // D (64 x 256, fp32) = A (64 x 16, shared, K-major) B (16 x 256, shared, MN-major as above) +
@@ -152,14 +147,11 @@ __device__ __forceinline__ void wgmma_rs_n256_bmn(float (&d)[128], const uint32_
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_n256_bmn(float (&d)[128], uint64_t desc_a,
                                                   uint64_t desc_b, int accumulate) {
-  if constexpr (kIsBf16<T>)
-    KF_WGMMA_SS("m64n256k16", "bf16", KF_WGMMA_D128_REGS, "%128", "%129", "%130", "1",
-                KF_WGMMA_D128_OPERANDS);
-  else
-    KF_WGMMA_SS("m64n256k16", "f16", KF_WGMMA_D128_REGS, "%128", "%129", "%130", "1",
-                KF_WGMMA_D128_OPERANDS);
+  KF_WGMMA_T(KF_WGMMA_SS, "m64n256k16", KF_WGMMA_D128_REGS, "%128", "%129", "%130", "1",
+             KF_WGMMA_D128_OPERANDS);
 }
 
+#undef KF_WGMMA_T
 #undef KF_WGMMA_SS
 #undef KF_WGMMA_RS
 #undef KF_WGMMA_D128_OPERANDS
