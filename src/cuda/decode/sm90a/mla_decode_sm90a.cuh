@@ -731,7 +731,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
   for (int first = 0;; first += Tr::kMaxPieces) {
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
     __syncthreads();  // the piece list (and, first time, the barriers' init) is visible
-    const int n = sm.counts()[0], total = sm.counts()[1];
+    const int n = sm.counts()[0];
     for (int pi = 0; pi < n; ++pi) {
       const PieceRun e = sm.pieces()[pi];
       const int span = e.end - e.begin;
@@ -739,7 +739,9 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
                            span > 0 ? (span + Tr::kBlockN - 1) / Tr::kBlockN : 0, scale_log2};
       run_piece<T>(walk, row0, parity, ln, tid);
     }
-    if (first + Tr::kMaxPieces >= total) break;
+    // The worker's piece total, read again here (shared memory, unchanged during the round)
+    // rather than held in a register through the round.
+    if (first + Tr::kMaxPieces >= sm.counts()[1]) break;
     __syncthreads();  // everyone is done with this round's piece list
   }
 }
