@@ -103,6 +103,22 @@ std::optional<KernelFamily> pick(int cc, const BuildArchs& b,
   return kf::cuda::pick_family(cc / 10, cc % 10, b, r);
 }
 
+// check(cc, default family) for every device of kDevices from sm_80 on; below sm_80 the build b
+// must give no family.
+template <class Check>
+void for_each_device(const BuildArchs& b, Check check) {
+  for (int cc : kDevices) {
+    SCOPED_TRACE(cc);
+    const std::optional<KernelFamily> f = pick(cc, b);
+    if (cc < 80) {
+      EXPECT_FALSE(f.has_value());
+      continue;
+    }
+    ASSERT_TRUE(f.has_value());
+    check(cc, *f);
+  }
+}
+
 // 16-bit caches above 32 rows run the sm_90a kernel in 64-row tiles; 32 rows or fewer and every
 // 8-bit cache run the portable kernels.
 TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveThirtyTwoRows) {
@@ -143,18 +159,11 @@ TEST(KernelFamily, ParsesWhatCMakePasses) {
 // portable family, through SASS up to sm_90 and through the PTX beyond (sm_100, sm_120).
 TEST(KernelFamily, DefaultBuildRunsPortableFromSm80On) {
   const BuildArchs b = kf::cuda::parse_build_archs("80 86 89 90");
-  for (int cc : kDevices) {
-    SCOPED_TRACE(cc);
-    const std::optional<KernelFamily> f = pick(cc, b);
-    if (cc < 80) {
-      EXPECT_FALSE(f.has_value());
-      continue;
-    }
-    ASSERT_TRUE(f.has_value());
-    EXPECT_EQ(*f, KernelFamily::kSm80);
+  for_each_device(b, [&](int cc, KernelFamily f) {
+    EXPECT_EQ(f, KernelFamily::kSm80);
     EXPECT_EQ(kf::cuda::portable_sass_runs(cc, b), cc < 100);
     EXPECT_EQ(kf::cuda::portable_ptx_runs(cc, b), cc >= 90);
-  }
+  });
 }
 
 // SASS runs on the same major version at an equal or higher minor; PTX on any later device.
@@ -174,23 +183,18 @@ TEST(KernelFamily, OneArchitectureBuilds) {
   EXPECT_EQ(pick(100, b90), KernelFamily::kSm80);
 }
 
-// The sm_90a family runs on compute capability 9.0 alone (arch-specific SASS, no PTX) and only
-// when asked for (KF_KERNEL_FAMILY=sm90a); the default and sm80 run the portable family.
+// The sm_90a family runs on compute capability 9.0 alone (arch-specific SASS, no PTX), by default
+// there and when asked for (KF_KERNEL_FAMILY=sm90a); sm80 runs the portable family everywhere.
 TEST(KernelFamily, Sm90aOnlyOnSm90) {
   const BuildArchs b = kf::cuda::parse_build_archs("80 86 89 90 90a");
-  for (int cc : kDevices) {
-    SCOPED_TRACE(cc);
-    const std::optional<KernelFamily> f = pick(cc, b);
-    if (cc < 80) {
-      EXPECT_FALSE(f.has_value());
-      continue;
-    }
-    EXPECT_EQ(f, cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);  // the default
+  for_each_device(b, [&](int cc, KernelFamily f) {
+    const KernelFamily hopper = cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80;
+    EXPECT_EQ(f, hopper);  // the default
     EXPECT_EQ(pick(cc, b, FamilyRequest::kSm80), KernelFamily::kSm80);
-    EXPECT_EQ(pick(cc, b, FamilyRequest::kSm90a), cc == 90 ? KernelFamily::kSm90a : KernelFamily::kSm80);
+    EXPECT_EQ(pick(cc, b, FamilyRequest::kSm90a), hopper);
     EXPECT_EQ(pick(cc, kf::cuda::parse_build_archs("80 86 89 90"), FamilyRequest::kSm90a),
               KernelFamily::kSm80);
-  }
+  });
 }
 
 TEST(KernelFamily, EnvironmentRequest) {
