@@ -182,29 +182,46 @@ __device__ __forceinline__ int lane_page_coord(const MlaDecodeParams& p, const P
 }
 
 // ---- Q ----
-// Q of piece e's request, the block's 64 rows (zero past num_rows), into the swizzled Q tile by
-// cp.async (every copy in flight at once; no register holds the data): 16-byte chunks when q and
-// its strides allow, else 4-byte words (q rows need only be 4-byte aligned). Waited for here.
+// The block's 64 rows of Q (piece e's request; zero past num_rows) into the swizzled Q tile by
+// cp.async, kElems elements a copy (8: 16-byte chunks, 2: 4-byte words): warp w copies rows w,
+// w + 8, .., its lanes the row's copies, so a row's address is computed once, by its warp.
+template <typename T, int kElems>
+__device__ __forceinline__ void copy_q_rows(const MlaDecodeParams& p, const Smem& sm, const T* q,
+                                            int row0, int tid) {
+  constexpr int kPerRow = kHeadDim / kElems;
+  constexpr int kWarps = Tr::kNumThreads / 32;
+  const int lane = tid % 32;
+  for (int r = tid / 32; r < Tr::kBlockM; r += kWarps) {
+    const int row = row0 + r;
+    const bool live = row < p.num_rows;
+    const T* src = live ? q + int64_t(row / p.h_q) * p.q_seq_stride +
+                              int64_t(row % p.h_q) * p.q_head_stride
+                        : q;
+#pragma unroll
+    for (int c = lane; c < kPerRow; c += 32) {
+      const int el = c * kElems;
+      const uint32_t dst = sm.q() + tile_chunk_offset(r, el >> 3) + (el & 7) * 2;
+      if (kElems == 8)
+        cp_async_16(dst, src + el, live ? 16 : 0);
+      else
+        cp_async_4(dst, src + el, live ? 4 : 0);
+    }
+  }
+}
+
+// Q of piece e's request into the Q tile (every copy in flight at once; no register holds the
+// data): 16-byte chunks when q and its strides allow, else 4-byte words (q rows need only be
+// 4-byte aligned). Waited for here.
 template <typename T>
 __device__ __forceinline__ void load_q(const MlaDecodeParams& p, const Smem& sm,
                                        const PieceRun& e, int row0, int tid) {
   const T* q = static_cast<const T*>(p.q) + int64_t(e.req) * p.q_batch_stride;
   const bool vec16 = (reinterpret_cast<uintptr_t>(p.q) & 15) == 0 && p.q_batch_stride % 8 == 0 &&
                      p.q_seq_stride % 8 == 0 && p.q_head_stride % 8 == 0;
-  const int per_row = vec16 ? kHeadDim / 8 : kHeadDim / 2;  // chunks or words per row
-  const int elems = vec16 ? 8 : 2;
-  for (int i = tid; i < Tr::kBlockM * per_row; i += Tr::kNumThreads) {
-    const int r = i / per_row, el = (i % per_row) * elems, row = row0 + r;
-    const bool live = row < p.num_rows;
-    const T* src = live ? q + int64_t(row / p.h_q) * p.q_seq_stride +
-                              int64_t(row % p.h_q) * p.q_head_stride + el
-                        : q;
-    const uint32_t dst = sm.q() + tile_chunk_offset(r, el >> 3) + (el & 7) * 2;
-    if (vec16)
-      cp_async_16(dst, src, live ? 16 : 0);
-    else
-      cp_async_4(dst, src, live ? 4 : 0);
-  }
+  if (vec16)
+    copy_q_rows<T, 8>(p, sm, q, row0, tid);
+  else
+    copy_q_rows<T, 2>(p, sm, q, row0, tid);
   cp_async_commit();
   cp_async_wait<0>();
 }
