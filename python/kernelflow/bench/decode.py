@@ -1,32 +1,46 @@
 """MLA decode benchmark: kernelflow against a Triton and a PyTorch baseline (and FlashMLA).
 
-For each (h_q, b, s_k), s_q = 1 (--s-q 2..4 with --formats: kernelflow alone, causal), bf16,
+For each shape of the grid (s_k, then s_q, then h_q, then b; --s-q takes a list, default 1), bf16,
 page 64, every request at length s_k:
   - the cache is rotated: C copies (distinct, scattered pages of one pool, each with its own block
-    table and q) so that C * cache bytes >= --rotate-mb (default 4x L2); one CUDA graph captures C
-    calls, one per copy, and is replayed; time per call = median replay time (CUDA events) / C;
+    table and q) so that C * cache bytes >= --rotate-mb (default 4x L2), C at least 2 and at
+    most --max-copies (64); one CUDA graph captures C calls, one per copy, and is replayed;
+    time per call = median replay time (CUDA events) / C;
   - a "call" is the decode and its combine (kernelflow.mla_decode, or Triton stage 1 + stage 2);
     kernelflow's metadata is computed once per step and timed on its own (same method);
+  - s_q > 1 (speculative decoding) is causal: query j of s_q sees the first s_k - s_q + 1 + j
+    positions. kernelflow and FlashMLA run it; the Triton, torch and FlashInfer baselines decode
+    s_q = 1 only and are left out of those shapes (a line says so);
   - each kernel's output on copy 0 is checked once, before timing, against the float64 reference
     kernelflow.reference (worst-row cosine distance < 1e-5, lse within 1e-4: docs/spec.md
     section 4) and the result printed;
-  - GB/s = (b*s_k*1152 + q bytes + o bytes) / time; TFLOPS = 2*b*h_q*s_k*(576+512) / time; both as
-    fractions of the peaks measured by peaks.py in this run (or docs/spec.md's with
-    --peaks-from-spec);
-  - FlashMLA runs if `import flash_mla` works; otherwise docs/spec.md's H200 figures are shown,
-    labelled "FlashMLA (docs/spec.md, not this run)"
+  - GB/s = (b*s_k*1152 + q bytes + o bytes) / time (the cache read once, whatever s_q);
+    TFLOPS = 2*b*h_q*seen*(576+512) / time, seen = the positions the s_q query rows see
+    (s_k at s_q = 1); both as fractions of the peaks measured by peaks.py in this run (or
+    docs/spec.md's with --peaks-from-spec);
+  - FlashMLA runs if `import flash_mla` works; otherwise docs/spec.md's H200 figures are shown at
+    s_q = 1, labelled "FlashMLA (docs/spec.md, not this run)"
     (anchors/h200-flashmla-torch-2026-11-30.json in this package).
+Rows (JSON and the printed table) carry s_q.
 
     python3 -m kernelflow.bench.decode --quick --json $OUT/bench.json
-    python3 -m kernelflow.bench.decode --h-q 16 --batch 64 128 --s-k 4096
+    python3 -m kernelflow.bench.decode --h-q 16 --batch 64 128 --s-k 4096 --s-q 1 2
     python3 -m kernelflow.bench.decode --baselines-only --quick      # no kernelflow
 
-8-bit caches (--formats bf16 fp8_e4m3 int8, kernelflow only): each problem's bf16 cache is
-converted with kernelflow.convert_cache and every format is timed in the same run at equal shapes;
-bytes = b*s_k*644 for the 8-bit formats (+ q and o); the table gives each format's time, GB/s,
-fraction of the read peak and speedup over bf16; each 8-bit output is checked against the float64
-reference on the unquantized cache (whole-output cosine distance, docs/spec.md section 4: 3e-3
-fp8, 5e-4 int8).
+--flashmla-matrix runs FlashMLA's own test matrix (b 128, s_k 4096 and 16384, h_q 16/32/64/128,
+s_q 1 and 2, causal) with kernelflow and FlashMLA alone, and prints after the table a matrix of
+FlashMLA's time / kernelflow's per cell (rows s_q, columns (h_q, s_k); > 1: kernelflow faster) with
+the count of cells where kernelflow is not slower; the JSON gets it as "flashmla_matrix". Without
+flash_mla it says so and gives no ratio.
+
+    python3 -m kernelflow.bench.decode --flashmla-matrix --json $OUT/matrix.json
+
+8-bit caches (--formats bf16 fp8_e4m3 int8, kernelflow only, one --s-q value): each problem's bf16
+cache is converted with kernelflow.convert_cache and every format is timed in the same run at equal
+shapes; bytes = b*s_k*644 for the 8-bit formats (+ q and o); the table gives each format's time,
+GB/s, fraction of the read peak and speedup over bf16; each 8-bit output is checked against the
+float64 reference on the unquantized cache (whole-output cosine distance, docs/spec.md section 4:
+3e-3 fp8, 5e-4 int8).
 --sk-sweep runs s_k 1K..64K at h_q = 16, b = 64 (with --formats, or all three formats).
 
     python3 -m kernelflow.bench.decode --formats bf16 fp8_e4m3 int8 --h-q 16 --batch 64 128 --s-k 4096
@@ -67,12 +81,44 @@ ANCHOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors",
                       "h200-flashmla-torch-2026-11-30.json")
 
 
+# The grid's shape options and their defaults (None in the parser, so that --flashmla-matrix can
+# tell which were given).
+GRID_DEFAULTS = {"h_q": [16, 128], "batch": [1, 8, 16, 32, 64, 128], "s_k": [4096, 16384],
+                 "s_q": [1]}
+# FlashMLA's own test matrix (FlashMLA's tests/test_flash_mla.py: batch 128, h_q 16/32/64/128 for
+# tensor parallelism 8/4/2/1, one or two query tokens per step, causal) at s_k 4096 and 16384.
+FLASHMLA_MATRIX = {"h_q": [16, 32, 64, 128], "batch": [128], "s_k": [4096, 16384], "s_q": [1, 2]}
+
+
+def option(dest: str) -> str:
+    """The command-line spelling of an argparse dest ("s_q" -> "--s-q")."""
+    return "--" + dest.replace("_", "-")
+
+
+def apply_flashmla_matrix(ap, args) -> None:
+    """--flashmla-matrix: FlashMLA's matrix as the grid, kernelflow and FlashMLA alone. The options
+    it sets, and the modes it cannot run with, are refused when given beside it."""
+    clash = [option(k) for k in FLASHMLA_MATRIX if getattr(args, k) is not None]
+    clash += [option(k) for k in ("quick", "formats", "sk_sweep", "baselines_only", "no_flashmla")
+              if getattr(args, k)]
+    if clash:
+        ap.error(f"--flashmla-matrix sets the grid to FlashMLA's matrix (kernelflow beside "
+                 f"FlashMLA): leave out {' '.join(clash)}")
+    for k, v in FLASHMLA_MATRIX.items():
+        setattr(args, k, list(v))
+    args.no_triton = args.no_torch = args.no_flashinfer = True
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelflow.bench.decode",
                                  description="MLA decode benchmark (see the module docstring)")
-    ap.add_argument("--h-q", type=int, nargs="+", default=[16, 128])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
-    ap.add_argument("--s-k", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--h-q", type=int, nargs="+", default=None,
+                    help=f"query heads (default {' '.join(map(str, GRID_DEFAULTS['h_q']))})")
+    ap.add_argument("--batch", type=int, nargs="+", default=None,
+                    help=f"requests (default {' '.join(map(str, GRID_DEFAULTS['batch']))})")
+    ap.add_argument("--s-k", type=int, nargs="+", default=None,
+                    help=f"cached tokens per request (default "
+                         f"{' '.join(map(str, GRID_DEFAULTS['s_k']))})")
     ap.add_argument("--page", type=int, default=64)
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--quick", action="store_true",
@@ -98,21 +144,36 @@ def parse_args(argv=None):
     ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
     ap.add_argument("--formats", nargs="+", choices=list(FORMAT_BYTES), default=None,
                     help="kernelflow only: time these cache formats side by side (8-bit speedups)")
-    ap.add_argument("--s-q", type=int, default=1, choices=[1, 2, 3, 4],
-                    help="query tokens per request (causal, speculative decoding); > 1 needs "
-                    "--formats (kernelflow only: the baselines cover s_q = 1)")
+    ap.add_argument("--s-q", type=int, nargs="+", default=None, choices=[1, 2, 3, 4],
+                    help="query tokens per request, causal above 1 (speculative decoding); the "
+                         "grid runs each value (default 1); kernelflow and FlashMLA run s_q > 1, "
+                         "the Triton, torch and FlashInfer baselines s_q = 1 only; with --formats "
+                         "one value")
+    ap.add_argument("--flashmla-matrix", action="store_true",
+                    help="FlashMLA's test matrix, kernelflow beside FlashMLA: --batch 128 --s-k "
+                         "4096 16384 --h-q 16 32 64 128 --s-q 1 2 without the Triton, torch and "
+                         "FlashInfer baselines; prints the FlashMLA / kernelflow time ratio of "
+                         "each cell after the table (and writes it to --json)")
     ap.add_argument("--sk-sweep", action="store_true",
                     help="s_k 1K..64K at h_q 16, b 64, over --formats (default all three)")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.s_q != 1 and not (args.formats or args.sk_sweep):
-        ap.error("--s-q > 1 needs --formats (the Triton, torch and FlashMLA baselines cover s_q = 1)")
+    if args.flashmla_matrix:
+        apply_flashmla_matrix(ap, args)
     if args.sk_sweep:
         args.h_q, args.batch = [16], [64]
         args.s_k = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
         args.formats = args.formats or list(FORMAT_BYTES)
     if args.quick:
         args.h_q, args.batch, args.s_k = [16, 128], [1, 32, 128], [4096]
+    for k, v in GRID_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, list(v))
+    if args.max_copies < 1:
+        ap.error(f"--max-copies: at least 1 cache copy (got {args.max_copies})")
+    if args.formats and len(args.s_q) != 1:
+        ap.error(f"--s-q: --formats and --sk-sweep take one value (got "
+                 f"{' '.join(map(str, args.s_q))})")
     if args.tune is None:
         args.tune = "quick" if args.quick else "full"
     if args.replays is None:
@@ -208,10 +269,34 @@ class Problem:
 
 
 # ---- kernels -------------------------------------------------------------------------------------
-# Each runner: check(p) -> check dict, unit(p) -> (callable doing p.copies calls), info dict.
 
-class KernelFlowRunner:
+class Runner:
+    """A kernel of the grid: prepare(p) for a problem, check(p) -> check dict, unit(p) -> a
+    callable doing p.copies calls, optionally info() -> dict. multi_token: it decodes s_q > 1
+    (causal); kept: the attributes its constructor sets, which release() leaves."""
+
+    name = ""
+    multi_token = False
+    kept = ()
+
+    def release(self):
+        """Drop what prepare() made for the last problem: its tensors (views of the cache
+        among them) would otherwise hold that problem's memory while the next one is made."""
+        for k in [k for k in vars(self) if k not in self.kept]:
+            delattr(self, k)
+
+
+def split_by_s_q(runners: list, s_q: int) -> tuple:
+    """(the runners that decode s_q query tokens per request, the names of those left out: the
+    baselines that cover s_q = 1 only)."""
+    run = [r for r in runners if s_q == 1 or r.multi_token]
+    return run, [r.name for r in runners if r not in run]
+
+
+class KernelFlowRunner(Runner):
     name = "kernelflow"
+    multi_token = True
+    kept = ("kf",)
 
     def __init__(self, kf):
         self.kf = kf
@@ -260,8 +345,9 @@ class KernelFlowRunner:
                          for _ in range(n)]), n
 
 
-class TritonRunner:
+class TritonRunner(Runner):
     name = "triton"
+    kept = ("tune_level", "num_sms")
 
     def __init__(self, tune_level: str, num_sms: int):
         self.tune_level, self.num_sms = tune_level, num_sms
@@ -301,7 +387,7 @@ class TritonRunner:
                 "tried": [(c.short(), ms) for c, ms, _ in self.tried]}
 
 
-class TorchRunner:
+class TorchRunner(Runner):
     name = "torch"
 
     def prepare(self, p: Problem):
@@ -317,15 +403,23 @@ class TorchRunner:
                                                    SCALE) for i in range(p.copies)]
 
 
-class FlashMLARunner:
+class FlashMLARunner(Runner):
+    """flash_mla.flash_mla_with_kvcache over the same paged cache, seen as FlashMLA's
+    [pages, page, h_kv, 576] with one KV head; q [b, s_q, h_q, 576], causal. FlashMLA schedules
+    s_q * h_q // h_kv query rows per KV head (its get_mla_metadata's num_heads_per_head_k)."""
+
     name = "flashmla"
+    multi_token = True
+    kept = ("fm",)
+    H_KV = 1
 
     def __init__(self, fm):
         self.fm = fm
 
     def prepare(self, p: Problem):
-        self.md, self.splits = self.fm.get_mla_metadata(p.seqlens, p.h_q, 1)
-        self.kv4 = p.kv.view(p.kv.shape[0], p.page, 1, 576)
+        self.md, self.splits = self.fm.get_mla_metadata(p.seqlens, p.s_q * p.h_q // self.H_KV,
+                                                        self.H_KV)
+        self.kv4 = p.kv.view(p.kv.shape[0], p.page, self.H_KV, 576)
 
     def call(self, p: Problem, i: int):
         return self.fm.flash_mla_with_kvcache(p.qs[i], self.kv4, p.block_tables[i], p.seqlens,
@@ -341,7 +435,7 @@ class FlashMLARunner:
         return lambda: [self.call(p, i) for i in range(p.copies)]
 
 
-class FlashInferRunner:
+class FlashInferRunner(Runner):
     """flashinfer.mla.BatchMLAPagedAttentionWrapper over the same paged cache: the 512 latent and
     64 rope columns passed as two strided views of it, one planned wrapper per cache copy (each
     copy has its own block table) sharing one float workspace, planned before the capture.
@@ -349,6 +443,7 @@ class FlashInferRunner:
     cache copies that every kernel here gets."""
 
     name = "flashinfer"
+    kept = ("fi",)
     WORKSPACE_BYTES = 128 << 20
 
     def __init__(self, fi):
@@ -387,27 +482,33 @@ class FlashInferRunner:
 
 # ---- reporting -------------------------------------------------------------------------------------
 
+def grid_order(args) -> list:
+    """The grid's shapes (h_q, b, s_k, s_q) in the benchmark's order: s_k, then s_q, then h_q,
+    then b."""
+    return [(h_q, b, s_k, s_q) for s_k in args.s_k for s_q in args.s_q for h_q in args.h_q
+            for b in args.batch]
+
+
 def shapes(args, dtype, rotate_bytes, label: str):
-    """The grid's problems in the benchmark's order (s_k, then h_q, then b), as (h_q, b, s_k,
-    Problem); a shape whose caches do not fit the GPU is logged and skipped, and each problem's
-    memory is given back after its turn."""
-    for s_k in args.s_k:
-        for h_q in args.h_q:
-            for b in args.batch:
-                log(f"\n[h_q={h_q} b={b} s_k={s_k} page={args.page} {label}]")
-                on_shape = getattr(args, "on_shape", None)
-                if on_shape is not None:
-                    on_shape(f"decode {label} h_q={h_q} b={b} s_k={s_k}")
-                try:
-                    p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies,
-                                args.seed, s_q=args.s_q)
-                except torch.cuda.OutOfMemoryError as e:
-                    log(f"  skipped: {short_err(e)}")
-                    continue
-                yield h_q, b, s_k, p
-                p.free()
-                del p
-                torch.cuda.empty_cache()
+    """The grid's problems in grid_order, as (h_q, b, s_k, Problem); a shape whose caches do not
+    fit the GPU is logged and skipped, and each problem's memory is given back after its turn.
+    The shape's line names s_q when it is above 1."""
+    for h_q, b, s_k, s_q in grid_order(args):
+        tokens = f" s_q={s_q}" if s_q > 1 else ""
+        log(f"\n[h_q={h_q} b={b} s_k={s_k}{tokens} page={args.page} {label}]")
+        on_shape = getattr(args, "on_shape", None)
+        if on_shape is not None:
+            on_shape(f"decode {label} h_q={h_q} b={b} s_k={s_k}{tokens}")
+        try:
+            p = Problem(h_q, b, s_k, args.page, dtype, rotate_bytes, args.max_copies, args.seed,
+                        s_q=s_q)
+        except torch.cuda.OutOfMemoryError as e:
+            log(f"  skipped: {short_err(e)}")
+            continue
+        yield h_q, b, s_k, p
+        p.free()
+        del p
+        torch.cuda.empty_cache()
 
 
 # ---- 8-bit formats side by side -------------------------------------------------------------
@@ -424,7 +525,8 @@ def run_formats(args, pk, dtype, rotate_bytes) -> dict:
         ref = None
         res = {}
         for fmt in args.formats:
-            row = {"kernel": "kernelflow", "format": fmt, "h_q": h_q, "b": b, "s_k": s_k}
+            row = {"kernel": "kernelflow", "format": fmt, "h_q": h_q, "b": b, "s_k": s_k,
+                   "s_q": p.s_q}
             try:
                 q8 = fmt != "bf16"
                 kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
@@ -480,7 +582,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> dict:
             log(f"  {fmt:9s}: {row['us']:9.1f} us {row['GBps']:7.0f} GB/s "
                 f"({100 * row['frac_read_peak']:5.1f}% read){sp}, {row['workers']} workers")
     log(f"\n## MLA decode by cache format, {torch.cuda.get_device_name(0)}, q {args.dtype}, "
-        f"page {args.page}, s_q {args.s_q}, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
+        f"page {args.page}, s_q {args.s_q[0]}, read peak {pk['read_GBps']:.0f} GB/s; 8-bit bytes = b*s_k*644\n")
     log("| h_q | b | s_k | " + " | ".join(f"{f} us | {f} %read" + (f" | {f}/bf16" if f != "bf16" else "")
                                           for f in args.formats) + " |")
     ncol = sum(3 if f != "bf16" else 2 for f in args.formats) + 3
@@ -633,9 +735,57 @@ def main(argv=None) -> int:
     return 1 if out["failures"] else 0
 
 
+def measure(r: Runner, p: Problem, args, pk: dict) -> dict:
+    """One kernel on one problem: prepared, checked once against the float64 reference (unless
+    --no-check), then timed. Returns its row; a failure's row holds the error instead."""
+    row = {"kernel": r.name, "h_q": p.h_q, "b": p.b, "s_k": p.s_k, "s_q": p.s_q,
+           "page": args.page, "dtype": args.dtype, "copies": p.copies}
+    try:
+        r.prepare(p)
+        if args.no_check:
+            row["check"] = {"ok": True, "skipped": True}
+        else:
+            row["check"] = r.check(p)
+            log(f"  check {r.name:10s}: {torch_mla.fmt_check(row['check'])}")
+        t = time_unit(r.unit(p), p.copies, args.replays)
+        row.update(perf(p, t["us"], pk))
+        row["us_min"], row["timing"] = t["us_min"], t["timing"]
+        if hasattr(r, "info"):
+            row.update(r.info())
+        if isinstance(r, KernelFlowRunner):
+            try:
+                mu, n = r.metadata_unit(p)
+                row["metadata_us"] = time_unit(mu, n, args.replays)["us"]
+            except Exception as e:  # noqa: BLE001
+                row["metadata_error"] = short_err(e)
+        extra = f"  [{row['config']}]" if "config" in row else ""
+        if "metadata_us" in row:
+            extra += f"  metadata {row['metadata_us']:.1f} us"
+        log(f"  {r.name:16s}: {fmt_perf(row)}{extra}")
+    except Exception as e:  # noqa: BLE001
+        row["error"] = short_err(e)
+        log(f"  {r.name:16s}: FAILED {short_err(e)}")
+        if os.environ.get("KF_BENCH_TRACE"):
+            traceback.print_exc()
+    return row
+
+
+def speedups(res: dict) -> dict:
+    """The other kernel's time / this one's, for kernelflow and Triton against every other kernel
+    of the shape (> 1: this one faster)."""
+    ratios = {}
+    for main_k in ("kernelflow", "triton"):
+        for other in ("triton", "torch", "flashmla", "flashmla_spec", "flashinfer"):
+            if main_k in res and other in res and other != main_k:
+                ratios[f"{main_k}_speedup_vs_{other}"] = res[other]["us"] / res[main_k]["us"]
+    return ratios
+
+
 def run_grid(args, pk, ctx) -> dict:
-    """Every kernel of this run on every shape of the grid, checked, then timed; the compact
-    table printed last. Returns the run as a dict (rows, speedups, errors, "failures")."""
+    """Every kernel of this run on every shape of the grid, checked, then timed (at s_q > 1 the
+    kernels that decode it: kernelflow and FlashMLA); the compact table printed last, then
+    FlashMLA's matrix with --flashmla-matrix. Returns the run as a dict (rows, speedups, errors,
+    "failures"; "flashmla_matrix" with --flashmla-matrix)."""
     dtype, rotate_bytes = ctx["dtype"], ctx["rotate_bytes"]
     runners, errors, flashmla_measured = make_runners(args, ctx["num_sms"])
     spec_fm = load_spec_flashmla()
@@ -645,94 +795,46 @@ def run_grid(args, pk, ctx) -> dict:
     for h_q, b, s_k, p in shapes(args, dtype, rotate_bytes, args.dtype):
         log(f"  {p.copies} cache copies x {p.cache_bytes / 1e6:.1f} MB, "
             f"{p.copies} calls per graph replay, {args.replays} replays")
+        active, left_out = split_by_s_q(runners, p.s_q)
+        if left_out:
+            log(f"  {', '.join(left_out)}: left out at s_q {p.s_q} (they decode s_q = 1 only)")
         res = {}
-        for r in runners:
-            row = {"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k, "page": args.page,
-                   "dtype": args.dtype, "copies": p.copies}
-            try:
-                r.prepare(p)
-                if args.no_check:
-                    row["check"] = {"ok": True, "skipped": True}
-                else:
-                    chk = r.check(p)
-                    row["check"] = chk
-                    log(f"  check {r.name:10s}: {torch_mla.fmt_check(chk)}")
-                t = time_unit(r.unit(p), p.copies, args.replays)
-                row.update(perf(p, t["us"], pk))
-                row["us_min"], row["timing"] = t["us_min"], t["timing"]
-                if hasattr(r, "info"):
-                    row.update(r.info())
-                if isinstance(r, KernelFlowRunner):
-                    try:
-                        mu, n = r.metadata_unit(p)
-                        row["metadata_us"] = time_unit(mu, n, args.replays)["us"]
-                    except Exception as e:  # noqa: BLE001
-                        row["metadata_error"] = short_err(e)
-                extra = f"  [{row['config']}]" if "config" in row else ""
-                if "metadata_us" in row:
-                    extra += f"  metadata {row['metadata_us']:.1f} us"
-                log(f"  {r.name:16s}: {fmt_perf(row)}{extra}")
+        for r in active:
+            row = measure(r, p, args, pk)
+            if "error" in row:
+                errors.append({"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k, "s_q": p.s_q,
+                               "error": row["error"]})
+            else:
                 res[r.name] = row
-            except Exception as e:  # noqa: BLE001
-                row["error"] = short_err(e)
-                log(f"  {r.name:16s}: FAILED {short_err(e)}")
-                if os.environ.get("KF_BENCH_TRACE"):
-                    traceback.print_exc()
-                errors.append({"kernel": r.name, "h_q": h_q, "b": b, "s_k": s_k,
-                               "error": short_err(e)})
             rows.append(row)
             torch.cuda.synchronize()
-        fm = spec_fm.get((h_q, b, s_k))
+        for r in runners:
+            r.release()
+        fm = spec_fm.get((h_q, b, s_k)) if p.s_q == 1 else None
         if not flashmla_measured and fm is not None:
-            frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k,
+            frow = {"kernel": "flashmla_spec", "h_q": h_q, "b": b, "s_k": s_k, "s_q": 1,
                     "page": 64, "dtype": "bf16",
                     "note": "FlashMLA (docs/spec.md, not this run)", **perf(p, fm["us_graph"], pk)}
             res["flashmla_spec"] = frow
             rows.append(frow)
             log(f"  {'FlashMLA (docs/spec.md, not this run)':16s}: {fmt_perf(frow)}")
-        ratios = {}
-        for main_k in ("kernelflow", "triton"):
-            for other in ("triton", "torch", "flashmla", "flashmla_spec", "flashinfer"):
-                if main_k in res and other in res and other != main_k:
-                    ratios[f"{main_k}_speedup_vs_{other}"] = (res[other]["us"] /
-                                                              res[main_k]["us"])
+        ratios = speedups(res)
         if ratios:
             log("  speedups (other's time / this one's): " +
                 ", ".join(f"{k.replace('_speedup_vs_', ' vs ')} {v:.2f}x"
                           for k, v in ratios.items()))
-        table.append({"h_q": h_q, "b": b, "s_k": s_k, "res": res, "ratios": ratios})
+        table.append({"h_q": h_q, "b": b, "s_k": s_k, "s_q": p.s_q, "res": res,
+                      "ratios": ratios})
 
-    # ---- compact markdown table, last ----
-    def cell(res, k, key="us", fmtx="{:.1f}"):
-        return fmtx.format(res[k][key]) if k in res and key in res[k] else "-"
-
-    fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (docs/spec.md, not this run)"
-    fm_key = "flashmla" if flashmla_measured else "flashmla_spec"
-    log("\n## MLA decode, " + f"{ctx['device']}, {args.dtype}, page {args.page}, s_q 1, "
-        f"peaks: read {pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS "
-        f"({'measured' if 'measured' in pk['source'] else 'docs/spec.md'})\n")
-    log(f"| h_q | b | s_k | KF us | KF GB/s | KF TFLOPS | KF %read | KF %mma | Triton us | "
-        f"Triton GB/s | Triton TFLOPS | torch us | {fm_label} | KF/Triton | KF/torch | "
-        f"KF/FlashMLA | Triton/torch | Triton/FlashMLA |")
-    log("|" + " --- |" * 18)
-    for t in table:
-        res, ra = t["res"], t["ratios"]
-
-        def ratio(a, o):
-            k = f"{a}_speedup_vs_{o}"
-            return f"{ra[k]:.2f}x" if k in ra else "-"
-
-        pct = (lambda key: f"{100 * res['kernelflow'][key]:.0f}%"
-               if "kernelflow" in res and key in res["kernelflow"] else "-")
-        log(f"| {t['h_q']} | {t['b']} | {t['s_k']} | {cell(res, 'kernelflow')} | "
-            f"{cell(res, 'kernelflow', 'GBps', '{:.0f}')} | "
-            f"{cell(res, 'kernelflow', 'TFLOPS', '{:.1f}')} | {pct('frac_read_peak')} | "
-            f"{pct('frac_mma_peak')} | {cell(res, 'triton')} | "
-            f"{cell(res, 'triton', 'GBps', '{:.0f}')} | {cell(res, 'triton', 'TFLOPS', '{:.1f}')} | "
-            f"{cell(res, 'torch')} | {cell(res, fm_key)} | {ratio('kernelflow', 'triton')} | "
-            f"{ratio('kernelflow', 'torch')} | {ratio('kernelflow', fm_key)} | "
-            f"{ratio('triton', 'torch')} | {ratio('triton', fm_key)} |")
-    log("(speedups: the other kernel's time / this one's; > 1 means faster)")
+    for line in grid_table(table, args, ctx["device"], pk, flashmla_measured):
+        log(line)
+    out = {}
+    if args.flashmla_matrix:
+        cells = flashmla_matrix(rows, {k: getattr(args, k) for k in FLASHMLA_MATRIX})
+        for line in [""] + matrix_lines(cells, flashmla_measured):
+            log(line)
+        out = {"flashmla_matrix": cells,
+               "flashmla_matrix_not_slower": not_slower(cells) if flashmla_measured else None}
     n_fail = sum(1 for r in rows if "check" in r and not r["check"]["ok"])
     log(f"\nchecks: {sum(1 for r in rows if 'check' in r)} run, {n_fail} failed; "
         f"errors: {len(errors)}")
@@ -741,9 +843,113 @@ def run_grid(args, pk, ctx) -> dict:
             "torch": torch.__version__, "triton": triton_version(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": args.argv,
             "peaks": pk, "flashmla_measured": flashmla_measured,
-            "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "ratios")}
+            "rows": rows, "ratios": [{k: t[k] for k in ("h_q", "b", "s_k", "s_q", "ratios")}
                                      for t in table],
-            "errors": errors, "failures": n_fail}
+            "errors": errors, "failures": n_fail, **out}
+
+
+# ---- the printed table and FlashMLA's matrix ---------------------------------------------------
+
+def us_cell(res: dict, kernel: str, key: str = "us", fmt: str = "{:.1f}") -> str:
+    return fmt.format(res[kernel][key]) if kernel in res and key in res[kernel] else "-"
+
+
+def grid_table(table: list, args, device: str, pk: dict, flashmla_measured: bool) -> list:
+    """The compact markdown table of the grid (one line per shape, s_q in its own column): the
+    times, kernelflow's and Triton's GB/s and TFLOPS, and the speedups."""
+    fm_label = "FlashMLA us" if flashmla_measured else "FlashMLA us (docs/spec.md, not this run)"
+    fm_key = "flashmla" if flashmla_measured else "flashmla_spec"
+    lines = ["", f"## MLA decode, {device}, {args.dtype}, page {args.page}, s_q "
+             f"{' '.join(map(str, args.s_q))} (causal above 1), peaks: read "
+             f"{pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS "
+             f"({'measured' if 'measured' in pk['source'] else 'docs/spec.md'})", "",
+             f"| h_q | b | s_k | s_q | KF us | KF GB/s | KF TFLOPS | KF %read | KF %mma | "
+             f"Triton us | Triton GB/s | Triton TFLOPS | torch us | {fm_label} | KF/Triton | "
+             f"KF/torch | KF/FlashMLA | Triton/torch | Triton/FlashMLA |",
+             "|" + " --- |" * 19]
+    for t in table:
+        res, ra = t["res"], t["ratios"]
+
+        def ratio(a, o):
+            k = f"{a}_speedup_vs_{o}"
+            return f"{ra[k]:.2f}x" if k in ra else "-"
+
+        def pct(key):
+            kf = res.get("kernelflow", {})
+            return f"{100 * kf[key]:.0f}%" if key in kf else "-"
+
+        lines.append(
+            f"| {t['h_q']} | {t['b']} | {t['s_k']} | {t['s_q']} | {us_cell(res, 'kernelflow')} | "
+            f"{us_cell(res, 'kernelflow', 'GBps', '{:.0f}')} | "
+            f"{us_cell(res, 'kernelflow', 'TFLOPS', '{:.1f}')} | {pct('frac_read_peak')} | "
+            f"{pct('frac_mma_peak')} | {us_cell(res, 'triton')} | "
+            f"{us_cell(res, 'triton', 'GBps', '{:.0f}')} | "
+            f"{us_cell(res, 'triton', 'TFLOPS', '{:.1f}')} | {us_cell(res, 'torch')} | "
+            f"{us_cell(res, fm_key)} | {ratio('kernelflow', 'triton')} | "
+            f"{ratio('kernelflow', 'torch')} | {ratio('kernelflow', fm_key)} | "
+            f"{ratio('triton', 'torch')} | {ratio('triton', fm_key)} |")
+    lines.append("(speedups: the other kernel's time / this one's; > 1 means faster; at s_q > 1 "
+                 "FLOPs count the positions each causal query row sees)")
+    return lines
+
+
+def flashmla_matrix(rows: list, grid: dict = FLASHMLA_MATRIX) -> list:
+    """FlashMLA's matrix from the grid's rows: one cell per (s_q, h_q, s_k) of grid (lists under
+    "s_q", "h_q", "s_k"; the batch is grid["batch"][0]), in that order, with kernelflow's and
+    FlashMLA's times measured in this run and ratio = FlashMLA's time / kernelflow's (> 1:
+    kernelflow faster); None where either has no time. kf_check_ok: kernelflow's check passed
+    there (or --no-check skipped it). FlashMLA's docs/spec.md figures (flashmla_spec) never
+    enter."""
+    b = grid["batch"][0]
+
+    def timed(kernel, key):
+        return next((r for r in rows if r.get("kernel") == kernel and "us" in r
+                     and (r.get("s_q", 1), r["h_q"], r["s_k"], r["b"]) == key + (b,)), None)
+
+    cells = []
+    for key in ((s_q, h_q, s_k) for s_q in grid["s_q"] for h_q in grid["h_q"]
+                for s_k in grid["s_k"]):
+        kf, fm = timed("kernelflow", key), timed("flashmla", key)
+        cells.append({"s_q": key[0], "h_q": key[1], "s_k": key[2], "b": b,
+                      "kf_us": kf["us"] if kf else None,
+                      "flashmla_us": fm["us"] if fm else None,
+                      "ratio": fm["us"] / kf["us"] if kf and fm else None,
+                      "kf_check_ok": bool(kf and kf.get("check", {}).get("ok"))})
+    return cells
+
+
+def not_slower(cells: list) -> int:
+    """The cells where kernelflow, checked, is at least as fast as FlashMLA."""
+    return sum(1 for c in cells if c["ratio"] is not None and c["ratio"] >= 1 and c["kf_check_ok"])
+
+
+def matrix_lines(cells: list, flashmla_measured: bool) -> list:
+    """FlashMLA's matrix as printed: a row per s_q, a column per (h_q, s_k), each cell FlashMLA's
+    time / kernelflow's, then the count of cells where kernelflow is not slower. Without FlashMLA
+    in this run it says so and shows no ratio."""
+    b = cells[0]["b"] if cells else "-"
+    lines = [f"## FlashMLA's matrix, b {b}, causal: FlashMLA's time / kernelflow's, both measured "
+             f"in this run (> 1: kernelflow faster)", ""]
+    if not flashmla_measured:
+        return lines + ["FlashMLA did not run in this call (flash_mla does not import here): no "
+                        "ratios; kernelflow's times are in the table above"]
+    cols = list(dict.fromkeys((c["h_q"], c["s_k"]) for c in cells))
+    lines += ["| s_q | " + " | ".join(f"h_q {h_q}, s_k {s_k}" for h_q, s_k in cols) + " |",
+              "|" + " --- |" * (1 + len(cols))]
+    for s_q in dict.fromkeys(c["s_q"] for c in cells):
+        by_col = {(c["h_q"], c["s_k"]): c for c in cells if c["s_q"] == s_q}
+        texts = []
+        for col in cols:
+            c = by_col.get(col)
+            if c is None or c["ratio"] is None:
+                texts.append("-")
+            else:
+                texts.append(f"{c['ratio']:.3f}x" + ("" if c["kf_check_ok"] else " !"))
+        lines.append(f"| {s_q} | " + " | ".join(texts) + " |")
+    lines += ["(-: kernelflow or FlashMLA has no time there; !: kernelflow's check failed there, "
+              "not counted)",
+              f"kernelflow not slower than FlashMLA in {not_slower(cells)} of {len(cells)} cells"]
+    return lines
 
 
 if __name__ == "__main__":
