@@ -29,12 +29,16 @@
 // block-table entry is out of range are addressed outside the tensor (zero-filled); the latter
 // are reported and their tokens masked. Tokens of the piece's last tile past its end are masked
 // in S, and their V rows are zeroed before P V, so NaN in page padding never reaches an MMA.
-// Synchronization: per column block, the slot's mbarrier (tensor copies -> the warpgroup that
-// scores the tile); named barriers between the two warpgroups, each used once per step by both
-// (kBarScaleA: m_A and scale_A stored; kBarScaleB: m_B and scale_B stored; kBarPa: P_A stored;
-// kBarPb: P_B stored); kBarBoth around each piece's Q and in the epilogue; __syncthreads between
-// rounds of pieces. The other warpgroup's tile is read only after a named barrier that its
-// scorer reached after waiting for the tile's copies.
+// Synchronization, all through mbarriers but for kBarBoth and __syncthreads: per column block,
+// the slot's mbarrier (tensor copies -> the warpgroup that scores the tile); between the two
+// warpgroups the four hand-offs of a step (Handoff: kScaleA m_A and scale_A stored, kScaleB m_B
+// and scale_B, kPa P_A, kPb P_B), each arrived on by every thread of its producer (release) and
+// waited on by the other warpgroup (acquire); a warpgroup's own mbarrier after it zeroes V rows;
+// kBarBoth (bar.sync, all 256 threads) around each piece's Q and in the epilogue; __syncthreads
+// between rounds of pieces. A warpgroup that signals a hand-off of step i + 1 has waited for one
+// the other signalled after seeing that hand-off's step i, so no phase completes twice unseen.
+// The other warpgroup's tile is read only after a hand-off that its scorer signalled after
+// waiting for the tile's copies.
 // The block is launched as a programmatic dependent (pdl.cuh) like the portable kernel.
 #pragma once
 
@@ -57,13 +61,18 @@ namespace kf::cuda {
 namespace sm90a {
 
 using Tr = MlaSm90aTraits;
-// Named barrier ids (0 is __syncthreads); kBarGroup + g: warpgroup g alone.
-enum : int { kBarScaleA = 1, kBarScaleB = 2, kBarPa = 3, kBarPb = 4, kBarBoth = 5, kBarGroup = 6 };
+// The one named barrier (0 is __syncthreads): both warpgroups, every thread.
+constexpr int kBarBoth = 1;
 constexpr int kGroupThreads = 128;
-
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// The hand-offs from one warpgroup to the other, each an mbarrier that every thread of the
+// producing warpgroup arrives on (release) and the other waits on (acquire), once per step:
+// kScaleA (warpgroup 0: m_A and scale_A stored), kScaleB (1: m_B and scale_B), kPa (0: P_A),
+// kPb (1: P_B, steps with a tile B).
+enum Handoff : int { kScaleA = 0, kScaleB = 1, kPa = 2, kPb = 3 };
+// Bits of a thread's phase word: the parity of the slot barriers it waits on next, of each
+// hand-off it waits on next (kHandoffBit << k) and of its warpgroup's barrier.
+constexpr uint32_t kSlotBit = 1u, kHandoffBit = 2u, kGroupBit = 2u << 4;
+static_assert(Tr::kHandoffs == 4, "kGroupBit follows the four hand-off bits");
 
 // Byte offset of 16-byte chunk `chunk` (0 .. 71) of row `row` in a Q or KV tile.
 __device__ __forceinline__ uint32_t tile_chunk_offset(int row, int chunk) {
@@ -93,6 +102,12 @@ struct Smem {
   __device__ __forceinline__ uint32_t full(int s, int cb) const {
     return base_u32 + Tr::kBarOff + 8 * (s * Tr::kColBlocks + cb);
   }
+  __device__ __forceinline__ uint32_t handoff(int k) const {
+    return base_u32 + Tr::kHandoffOff + 8 * k;
+  }
+  __device__ __forceinline__ uint32_t group_bar(int g) const {
+    return base_u32 + Tr::kGroupBarOff + 8 * g;
+  }
   // Bit t: token t of the tile in slot s was copied from a valid page.
   __device__ __forceinline__ uint64_t* tok_ok(int s) const {
     return reinterpret_cast<uint64_t*>(base + Tr::kTokOkOff) + s;
@@ -112,6 +127,24 @@ struct Lane {
   __device__ __forceinline__ explicit Lane(int tid)
       : g(tid / 128), lane(tid & 31), gtid(tid & 127), rbase(((tid / 32) % 4) * 16 + (tid & 31) / 4) {}
 };
+
+// ---- hand-offs ----
+// Hand-off k: every thread of the producing warpgroup arrives after its writes; the other
+// warpgroup's threads wait for the phase they have not yet seen (bit kHandoffBit << k of ph).
+__device__ __forceinline__ void handoff_arrive(const Smem& sm, Handoff k) {
+  mbar_arrive(sm.handoff(k));
+}
+__device__ __forceinline__ void handoff_wait(const Smem& sm, Handoff k, uint32_t& ph) {
+  const uint32_t bit = kHandoffBit << k;
+  mbar_wait(sm.handoff(k), (ph & bit) ? 1u : 0u);
+  ph ^= bit;
+}
+// Warpgroup g alone: every thread's earlier shared-memory writes are visible to all of it.
+__device__ __forceinline__ void group_sync(const Smem& sm, int g, uint32_t& ph) {
+  mbar_arrive(sm.group_bar(g));
+  mbar_wait(sm.group_bar(g), (ph & kGroupBit) ? 1u : 0u);
+  ph ^= kGroupBit;
+}
 
 // ---- tensor copies of a tile ----
 // A tile's pages: page_rows = min(page size, 64) tokens per copy, tile_pages = 64 / page_rows.
@@ -450,9 +483,10 @@ __device__ __forceinline__ void store_p(const uint32_t (&pa)[16], const Smem& sm
 }
 
 // The V rows (dims 0..511) of tile tokens [first, 64) in slot s set to zero by one warpgroup,
-// visible to wgmma (fence) and to the whole warpgroup (its barrier): tokens past the piece's end
+// visible to wgmma (fence) and to the whole warpgroup (group_sync): tokens past the piece's end
 // whose page rows hold anything (NaN padding included), so that P = 0 there adds exactly 0.
-__device__ __forceinline__ void zero_v_rows(const Smem& sm, int s, int first, const Lane& ln) {
+__device__ __forceinline__ void zero_v_rows(const Smem& sm, int s, int first, const Lane& ln,
+                                            uint32_t& ph) {
   for (int i = ln.gtid; i < Tr::kVBlocks * Tr::kBlockN * 8; i += kGroupThreads) {
     const int cb = i / (Tr::kBlockN * 8), row = (i / 8) % Tr::kBlockN, c = i % 8;
     if (row >= first)
@@ -460,7 +494,7 @@ __device__ __forceinline__ void zero_v_rows(const Smem& sm, int s, int first, co
                                 cb * Tr::kColBlockBytes + row * 128 + c * 16) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_smem();
-  named_barrier(kBarGroup + ln.g, kGroupThreads);
+  group_sync(sm, ln.g, ph);
 }
 
 // ---- one piece ----
@@ -515,11 +549,11 @@ struct StepTiles {
 template <typename T>
 __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s)[32],
                                             float (&o)[128], RowState& st,
-                                            const uint32_t (&q8)[16], uint32_t& parity,
+                                            const uint32_t (&q8)[16], uint32_t& ph,
                                             const Lane& ln) {
   const Smem& sm = w.sm;
   const StepTiles t(w, i, ln);
-  if (t.tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - t.tok_a, ln);
+  if (t.tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - t.tok_a, ln, ph);
 
   // m_A, scale_A, P_A; O_L = scale_A O_L + P_A V_A,L.
   float m_prev[2], m_new[2], psum[2], f[2];
@@ -528,7 +562,7 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
   store_row_max(sm, ln, 0, m_new, f);
-  named_arrive(kBarScaleA, Tr::kNumThreads);
+  handoff_arrive(sm, kScaleA);
   scale_rows(o, f);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + psum[h];
@@ -543,23 +577,23 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
 
   // scale_B from warpgroup 1: P_A scaled by it for warpgroup 1's P_A V_A,R; O_L = scale_B O_L +
   // P_B V_B,L.
-  named_barrier(kBarScaleB, Tr::kNumThreads);
+  handoff_wait(sm, kScaleB, ph);
   const float fb[2] = {sm.scale(1)[ln.rbase], sm.scale(1)[ln.rbase + 8]};
 #pragma unroll
   for (int j = 0; j < 32; ++j) s[j] *= fb[(j >> 1) & 1];
   pack_p<T>(s, pa);
   store_p(pa, sm, 0, ln);
-  named_arrive(kBarPa, Tr::kNumThreads);
+  handoff_arrive(sm, kPa);
   scale_rows(o, fb);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] *= fb[h];
   if (t.has_b) {
-    named_barrier(kBarPb, Tr::kNumThreads);
+    handoff_wait(sm, kPb, ph);
     issue_pv_smem<T>(o, sm, 1, 1, 0);
   }
   // S of tile 2 i + 2: its blocks 0..3 (copied first) while P_B V_B,L runs; once that completed,
   // slot 1's blocks 0..3 are refilled with tile 2 i + 3; then blocks 4..8.
-  if (t.has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, parity);
+  if (t.has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, ph & kSlotBit);
   if (t.has_b) {
     if (t.has_a2)
       wgmma_wait<1>();
@@ -569,8 +603,8 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   }
   if (t.has_a2) {
     issue_scores<T, Tr::kOBlocksPerGroup, Tr::kColBlocks, Tr::kOBlocksPerGroup, false>(
-        s, q8, sm, 0, parity);
-    parity ^= 1u;
+        s, q8, sm, 0, ph & kSlotBit);
+    ph ^= kSlotBit;
   }
   wgmma_wait<0>();
   reg_fence_all(o);
@@ -582,14 +616,14 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
 template <typename T>
 __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s)[32],
                                             float (&o)[128], RowState& st,
-                                            const uint32_t (&q8)[16], uint32_t& parity,
+                                            const uint32_t (&q8)[16], uint32_t& ph,
                                             const Lane& ln) {
   const StepTiles t(w, i, ln);
   const Smem& sm = w.sm;
-  if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln);
+  if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln, ph);
 
   // m_B, scale_B, P_B (no tile B: P_B = 0, m_B = m_A); O_R = scale_A scale_B O_R + P_B V_B,R.
-  named_barrier(kBarScaleA, Tr::kNumThreads);
+  handoff_wait(sm, kScaleA, ph);
   float m_prev[2], m_new[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f}, f[2];
   read_row_max(sm, ln, m_prev);
   if (t.has_b) {
@@ -601,7 +635,7 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
   store_row_max(sm, ln, 1, m_new, f);
-  named_arrive(kBarScaleB, Tr::kNumThreads);
+  handoff_arrive(sm, kScaleB);
   const float fo[2] = {sm.scale(0)[ln.rbase] * f[0], sm.scale(0)[ln.rbase + 8] * f[1]};
   scale_rows(o, fo);
 #pragma unroll
@@ -613,9 +647,9 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
     issue_pv_regs<T>(o, pb, sm, 1, 1);
   }
   // O_R += (scale_B P_A) V_A,R; P_B is stored (and fenced) for warpgroup 0.
-  named_barrier(kBarPa, Tr::kNumThreads);
+  handoff_wait(sm, kPa, ph);
   issue_pv_smem<T>(o, sm, 0, 0, 1);
-  if (t.has_b) named_arrive(kBarPb, Tr::kNumThreads);
+  if (t.has_b) handoff_arrive(sm, kPb);
   // Refill slot 1's blocks 4..8 once P_B V_B,R completed, slot 0's once P_A V_A,R did; then S of
   // tile 2 i + 3.
   if (t.has_b) {
@@ -626,8 +660,8 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
   if (t.has_b2) {
     // Blocks 4..8 first: this warpgroup copied them before warpgroup 0 copied 0..3.
-    issue_scores<T, 0, Tr::kColBlocks, Tr::kOBlocksPerGroup, true>(s, q8, sm, 1, parity);
-    parity ^= 1u;
+    issue_scores<T, 0, Tr::kColBlocks, Tr::kOBlocksPerGroup, true>(s, q8, sm, 1, ph & kSlotBit);
+    ph ^= kSlotBit;
     wgmma_wait<0>();
   }
   reg_fence_all(o);
@@ -638,8 +672,8 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
 // order), then the two warpgroups' sums through shared memory (warpgroup 0's + warpgroup 1's in
 // both: the same bits), 1 / l (0 for a row that saw nothing), lse = (m + log2 l) ln 2 (-inf for
 // such a row; NaN when l is) by warpgroup 0, and O / l of this warpgroup's dims to out or
-// o_accum. m is the shared running max, last stored by warpgroup 1 before kBarScaleB of the last
-// step.
+// o_accum. m is the shared running max, last stored by warpgroup 1 before its kScaleB hand-off of
+// the last step.
 template <typename T>
 __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const Smem& sm,
                                                const PieceRun& e, const RowState& st,
@@ -692,9 +726,9 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
 // One piece: both warpgroups are past the previous piece (its wgmmas read Q, the P tiles and the
 // slots; its epilogue read the row sums and maxima); the copies of tiles 0 and 1 start, Q is
 // stored and the running max reset; each warpgroup scores its first tile, then the steps.
-// parity[g]: the phase parity of the slot this warpgroup scores.
+// ph: this thread's phase bits (kSlotBit: the slot this warpgroup scores).
 template <typename T>
-__device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t& parity,
+__device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t& ph,
                                           const Lane& ln, int tid) {
   const Smem& sm = w.sm;
   const PieceRun& e = w.e;
@@ -723,16 +757,16 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float s[32];
   if (ln.g < w.n_tiles) {
-    issue_scores<T, 0, Tr::kColBlocks, 0, true>(s, q8, sm, ln.g, parity);
-    parity ^= 1u;
+    issue_scores<T, 0, Tr::kColBlocks, 0, true>(s, q8, sm, ln.g, ph & kSlotBit);
+    ph ^= kSlotBit;
     wgmma_wait<0>();
     reg_fence_all(s);
   }
   for (int i = 0; 2 * i < w.n_tiles; ++i) {
     if (ln.g == 0)
-      step_group0<T>(w, i, s, o, st, q8, parity, ln);
+      step_group0<T>(w, i, s, o, st, q8, ph, ln);
     else
-      step_group1<T>(w, i, s, o, st, q8, parity, ln);
+      step_group1<T>(w, i, s, o, st, q8, ph, ln);
   }
   piece_epilogue<T>(w.p, sm, e, st, o, row0, ln);
 }
@@ -744,7 +778,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
                                            const void* kv_map, int w, int row0, int tid) {
   const Lane ln(tid);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  uint32_t parity = 0;
+  uint32_t ph = 0;  // phase bits (kSlotBit, kHandoffBit << k, kGroupBit)
   for (int first = 0;; first += Tr::kMaxPieces) {
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
     __syncthreads();  // the piece list (and, first time, the barriers' init) is visible
@@ -754,7 +788,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
       const int span = e.end - e.begin;
       const PieceWalk walk{p, sm, kv_map, e, TileGeom(p),
                            span > 0 ? (span + Tr::kBlockN - 1) / Tr::kBlockN : 0, scale_log2};
-      run_piece<T>(walk, row0, parity, ln, tid);
+      run_piece<T>(walk, row0, ph, ln, tid);
     }
     // The worker's piece total, read again here (shared memory, unchanged during the round)
     // rather than held in a register through the round.
@@ -781,6 +815,8 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < 2 * Tr::kColBlocks; ++i)
       sm90a::mbar_init(sm.base_u32 + Tr::kBarOff + 8 * i, 1);
+    for (int k = 0; k < Tr::kHandoffs; ++k) sm90a::mbar_init(sm.handoff(k), sm90a::kGroupThreads);
+    for (int g = 0; g < 2; ++g) sm90a::mbar_init(sm.group_bar(g), sm90a::kGroupThreads);
     sm90a::fence_mbarrier_init();
   }
   sm90a::run_rounds<T>(p, sm, &kv_map, blockIdx.x, row0, tid);

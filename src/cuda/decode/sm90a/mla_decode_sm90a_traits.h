@@ -33,7 +33,8 @@ struct MlaSm90aTraits {
   static constexpr int kMaxPieces = 8;  // pieces of a worker staged in shared memory at once
 
   // Shared memory (bytes, from a 1024-aligned base): Q | slot 0 | slot 1 | P_A | running max |
-  // scale A | scale B | row sums | barriers | token masks | piece list; plus 1024 bytes to align the base.
+  // scale A | scale B | row sums | mbarriers (tile copies, hand-offs, warpgroups) | token masks |
+  // piece list; plus 1024 bytes to align the base.
   static constexpr int kColBlockBytes = 64 * 128;  // 64 rows x 128 bytes
   static constexpr int kTileBytes = kColBlocks * kColBlockBytes;
   static constexpr int kQOff = 0;
@@ -45,7 +46,10 @@ struct MlaSm90aTraits {
   static constexpr int kScaleBOff = kScaleAOff + kBlockM * 4;  // float [kBlockM]
   static constexpr int kRowSumOff = kScaleBOff + kBlockM * 4;  // float [2 groups][kBlockM]
   static constexpr int kBarOff = kRowSumOff + 2 * kBlockM * 4;  // full[2 slots][kColBlocks]
-  static constexpr int kTokOkOff = kBarOff + 2 * kColBlocks * 8;  // uint64 [2 slots]
+  static constexpr int kHandoffs = 4;  // mbarriers of the hand-offs between the warpgroups
+  static constexpr int kHandoffOff = kBarOff + 2 * kColBlocks * 8;  // [kHandoffs]
+  static constexpr int kGroupBarOff = kHandoffOff + kHandoffs * 8;  // [2 warpgroups]
+  static constexpr int kTokOkOff = kGroupBarOff + 2 * 8;  // uint64 [2 slots]
   static constexpr int kPieceOff = kTokOkOff + 2 * 8;
   static constexpr int kPieceBytes = kMaxPieces * 32 + 16;  // + count words
   static constexpr int kSmemUsed = kPieceOff + kPieceBytes;
@@ -54,7 +58,9 @@ struct MlaSm90aTraits {
   static_assert(kBlockM == 64 && kBlockN == 64, "S: m64n64 wgmma; P V: k = 64 tokens");
   static_assert(kHeadDim % 64 == 0 && kLatentDim % 128 == 0, "");
   static_assert(kPbOff % 1024 == 0 && kPaOff % 1024 == 0, "P tiles are 1024-aligned operands");
-  static_assert(kBarOff % 8 == 0 && kTokOkOff % 8 == 0 && kPieceOff % 16 == 0, "");
+  static_assert(kBarOff % 8 == 0 && kHandoffOff % 8 == 0 && kGroupBarOff % 8 == 0 &&
+                    kTokOkOff % 8 == 0 && kPieceOff % 16 == 0,
+                "");
   static_assert(kSmemBytes <= 232448, "sm_90 allows 227 KB of shared memory per block");
 };
 
