@@ -15,6 +15,9 @@ it (kernelflow.bench.plots). The one-row-per-line writer is kernelflow.bench.res
     # the format runs go under one key each of docs/results/formats_h200.json
     python3 tools/compact_results.py bench $OUT/formats.json docs/results/formats_h200.json \\
         --key grid --log $OUT/formats.txt --commit ... --command "..."
+    # FlashMLA's matrix (kernelflow.bench.decode --flashmla-matrix --json): rows and the matrix
+    python3 tools/compact_results.py bench $OUT/matrix.json docs/results/flashmla_matrix_h200.json \\
+        --commit ... --driver 580.159.04 --command "..."
     # bench/accuracy_8bit.py prints a markdown table; its printed output goes in
     python3 tools/compact_results.py accuracy $OUT/accuracy.txt docs/results/accuracy_8bit.json \\
         --commit ... --command "python3 bench/accuracy_8bit.py"
@@ -109,6 +112,11 @@ def bench_run(raw, args):
         run["checks"] = {"run": len(checked), "failed": sum(not r["check"]["ok"] for r in checked)}
     if raw.get("errors"):
         run["errors"] = raw["errors"]
+    if raw.get("flashmla_matrix"):  # --flashmla-matrix: FlashMLA's time / kernelflow's per cell
+        run["flashmla_matrix"] = [{k: round_sig(v, 6 if k == "ratio" else 4)
+                                   if isinstance(v, float) else v for k, v in cell.items()}
+                                  for cell in raw["flashmla_matrix"]]
+        run["flashmla_matrix_not_slower"] = raw.get("flashmla_matrix_not_slower")
     run["rows"] = rows
     return {k: v for k, v in run.items() if v is not None}
 
