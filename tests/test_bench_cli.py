@@ -402,3 +402,30 @@ def test_profile_layer_kernel_count_on_the_gpu(capsys):
     assert rc == 0, out
     per_layer = float(out.split(" per layer")[0].rsplit(" ", 1)[-1])
     assert 1 <= per_layer <= 8
+
+
+def test_decode_table_keeps_s_q_rows_apart():
+    peaks = {"read_GBps": 4600.0, "mma_sync_bf16_TFLOPS": 630.0, "source": "measured"}
+
+    def row(s_q, us, **extra):
+        r = {"kernel": "kernelflow", "family": "sm90a", "h_q": 64, "s_k": 4096, "b": 128,
+             "us": us, "GBps": 3000.0, "TFLOPS": 350.0, "frac_read_peak": 0.65,
+             "frac_mma_peak": 0.55}
+        return dict(r, **({} if s_q is None else {"s_q": s_q}), **extra)
+
+    one = cli.decode_table({"decode": {"rows": [row(None, 205.0)]}, "peaks": peaks})
+    assert one[2] == "| family | h_q | s_k | b | kernelflow |" and "s_q 1" in one[0]
+    both = cli.decode_table({"decode": {"rows": [row(1, 205.0), row(2, 345.0)]}, "peaks": peaks})
+    assert both[2] == "| family | h_q | s_q | s_k | b | kernelflow |"
+    assert [ln.split(" | ")[2:4] for ln in both[4:6]] == [["1", "4096"], ["2", "4096"]]
+    assert "205.0" in both[4] and "345.0" in both[5]
+
+
+def test_plot_series_takes_one_s_q():
+    from kernelflow.bench import plots
+
+    rows = [{"kernel": "kernelflow", "h_q": 64, "s_k": 4096, "b": b, "us": us, **extra}
+            for b, us, extra in ((64, 117.0, {}), (128, 205.0, {"s_q": 1}),
+                                 (128, 345.0, {"s_q": 2}))]
+    assert plots.series(rows, "kernelflow", 64, 4096, "us") == ([64, 128], [117.0, 205.0])
+    assert plots.series(rows, "kernelflow", 64, 4096, "us", s_q=2) == ([128], [345.0])

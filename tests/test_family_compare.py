@@ -109,3 +109,10 @@ def test_committed_comparison_holds_what_the_docs_cite():
     assert us[(128, 128)] == (349.59, 619.93, 226.94)
     assert us[(32, 128)] == (199.12, 175.35, 145.19)
     assert all(r["sm90a"]["check"]["ok"] and r["sm80"]["check"]["ok"] for r in out["rows"])
+
+
+def test_rows_without_s_q_pair_with_s_q_1_rows(tmp_path):
+    a = bench_run([bench_row("kernelflow", 290.0, s_q=1)])
+    b = bench_run([bench_row("kernelflow", 319.0)])  # a run from before the grid took --s-q
+    (row,) = run_tool(tmp_path, a, b)["rows"]
+    assert row["sm90a"]["us"] == 290.0 and row["sm80"]["us"] == 319.0

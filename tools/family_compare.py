@@ -33,7 +33,8 @@ LATENT_DIMS = 576 + 512  # QK over the 576 latent + rope dims, PV over the 512 l
 
 
 def shape_of(row: dict) -> tuple:
-    return tuple(row.get(k) for k in SHAPE_KEYS)
+    """A row's shape; a row without s_q (runs before the grid took --s-q) is an s_q 1 row."""
+    return tuple(row.get(k, 1 if k == "s_q" else None) for k in SHAPE_KEYS)
 
 
 def decode_flops(shape: dict) -> float:

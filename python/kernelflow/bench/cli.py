@@ -387,22 +387,32 @@ DECODE_KERNELS = ("kernelflow", "triton", "torch", "flashmla", "flashmla_spec", 
 
 
 def decode_table(record: dict) -> list:
+    """The decode rows as a table, one line per (family, h_q, s_q, s_k, b); the s_q column only
+    when the run has rows of more than one query per request (--decode-args "--s-q 1 2")."""
     rows = record["decode"]["rows"]
     pk = record["peaks"]
     kernels = [k for k in DECODE_KERNELS if any(r.get("kernel") == k and "us" in r for r in rows)]
-    lines = [f"## Decode (bf16 cache, s_q 1, page 64): us per call, fraction of the bounding peak "
-             f"(read {pk['read_GBps']:.0f} GB/s, mma.sync {pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS, "
-             f"{pk.get('source', '?')})", "",
-             "| family | h_q | s_k | b | " + " | ".join(kernels) + " |",
-             "|" + " --- |" * (4 + len(kernels))]
-    keys = sorted({(r["family"], r["h_q"], r["s_k"], r["b"]) for r in rows})
-    for fam, h_q, s_k, b in keys:
+
+    def key(r):
+        return (r.get("family"), r["h_q"], r.get("s_q", 1), r["s_k"], r["b"])
+
+    keys = sorted({key(r) for r in rows}, key=lambda k: (str(k[0]),) + k[1:])
+    with_s_q = any(k[2] != 1 for k in keys)
+    lines = [f"## Decode (bf16 cache, {'causal' if with_s_q else 's_q 1'}, page 64): us per call, "
+             f"fraction of the bounding peak (read {pk['read_GBps']:.0f} GB/s, mma.sync "
+             f"{pk['mma_sync_bf16_TFLOPS']:.0f} TFLOPS, {pk.get('source', '?')})", "",
+             "| family | h_q | " + ("s_q | " if with_s_q else "") + "s_k | b | "
+             + " | ".join(kernels) + " |",
+             "|" + " --- |" * (4 + with_s_q + len(kernels))]
+    for k in keys:
+        fam, h_q, s_q, s_k, b = k
         cells = []
-        for k in kernels:
-            r = next((x for x in rows if x.get("kernel") == k and "us" in x and
-                      (x.get("family"), x["h_q"], x["s_k"], x["b"]) == (fam, h_q, s_k, b)), None)
+        for kernel in kernels:
+            r = next((x for x in rows if x.get("kernel") == kernel and "us" in x and key(x) == k),
+                     None)
             cells.append("-" if r is None else f"{r['us']:.1f} ({of_peak(r, pk)})")
-        lines.append(f"| {fam} | {h_q} | {s_k} | {b} | " + " | ".join(cells) + " |")
+        lines.append(f"| {fam} | {h_q} | " + (f"{s_q} | " if with_s_q else "") + f"{s_k} | {b} | "
+                     + " | ".join(cells) + " |")
     if "flashmla_spec" in kernels:
         lines.append(f"(flashmla_spec: FlashMLA's figures from {ANCHOR_LABEL})")
     return lines

@@ -40,10 +40,12 @@ def load(folder, name):
         return json.load(f)
 
 
-def series(rows, kernel, h_q, s_k, key):
+def series(rows, kernel, h_q, s_k, key, s_q=1):
+    """(batches, values) of one kernel's curve; rows of other s_q (a grid run with --s-q 1 2)
+    are not on it."""
     pts = sorted((r["b"], r[key]) for r in rows
                  if r.get("kernel") == kernel and r["h_q"] == h_q and r["s_k"] == s_k
-                 and r.get(key) is not None)
+                 and r.get("s_q", 1) == s_q and r.get(key) is not None)
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
