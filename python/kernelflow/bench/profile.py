@@ -3,6 +3,7 @@ count of the layer graph.
 
     python -m kernelflow profile decode --h-q 128 --batch 64 --s-k 4096 [--format fp8_e4m3]
     python -m kernelflow profile decode --family sm80 --print-command   # the ncu line, not run
+    python -m kernelflow profile decode --h-q 128 --batch 64 --stalls 30  # where the warps wait
     python -m kernelflow profile layer --batch 64 --layers 27           # kernel nodes per layer
 
 decode: runs this module again as ncu's target (`run-one`: the decode of that configuration a
@@ -11,8 +12,10 @@ after the warm-up ones, then prints the metrics that say where the kernel stands
 throughput, achieved occupancy, tensor-pipe utilization, shared-memory bank conflicts and
 issue-slot utilization, with the kernel's duration. Metrics the device's ncu does not list
 (`ncu --query-metrics`) are left out with a note, so one name unknown to a GPU generation does
-not fail the run. Needs ncu (Nsight Compute) on PATH or --ncu, and the right to read the GPU's
-performance counters.
+not fail the run. With --stalls N it records the same launch's warp-stall samples instead
+(WarpStateStats and SourceCounters) and prints where the warps wait: each stall reason's share
+and the N hottest SASS instructions with their main reasons (kernelflow.bench.stalls). Needs ncu
+(Nsight Compute) on PATH or --ncu, and the right to read the GPU's performance counters.
 
 layer: builds a kernelflow.DecodeGraph of --layers DeepSeek-V2-Lite layers and checks its
 kernel nodes per layer (DecodeGraph.kernel_nodes / layers, the once-per-step metadata node
@@ -26,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 # ncu metric -> what it says (names valid on sm_80 and sm_90: Nsight Compute's metric reference).
 METRICS = {
@@ -74,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
     dec.add_argument("--print-command", action="store_true",
                      help="print the ncu command line and exit without running it")
+    dec.add_argument("--stalls", type=int, default=0, metavar="N",
+                     help="instead of the metrics: the warp-stall samples per SASS instruction "
+                     "(ncu's WarpStateStats and SourceCounters sections, kernelflow.bench.stalls): "
+                     "the reasons' shares and the N hottest instructions")
     lay = sub.add_parser("layer", help="kernel nodes per layer of the fused layer graph (<= 8)")
     lay.add_argument("--batch", type=int, default=64, help="requests (default 64)")
     lay.add_argument("--layers", type=int, default=27, help="V2-Lite layers (default 27)")
@@ -99,6 +107,39 @@ def ncu_command(args, ncu: str = "ncu", metrics=None, python: str = sys.executab
     return [ncu, "--target-processes", "all", "--kernel-name", args.kernel, "--launch-skip",
             str(WARMUPS), "--launch-count", "1", "--metrics", ",".join(metrics), "--csv",
             "--page", "raw", python, *target_argv(args)]
+
+
+def stalls_commands(args, ncu: str, report: str, python: str = sys.executable) -> tuple:
+    """(ncu recording the stall samples of the same launch into report.ncu-rep, ncu printing
+    that report's source page as CSV)."""
+    record = [ncu, "--target-processes", "all", "--kernel-name", args.kernel, "--launch-skip",
+              str(WARMUPS), "--launch-count", "1", "--section", "WarpStateStats", "--section",
+              "SourceCounters", "--import-source", "no", "-f", "-o", report, python,
+              *target_argv(args)]
+    export = [ncu, "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source",
+              "sass"]
+    return record, export
+
+
+def profile_stalls(args, ncu: str) -> int:
+    from kernelflow.bench import stalls
+
+    with tempfile.TemporaryDirectory() as d:
+        record, export = stalls_commands(args, ncu, os.path.join(d, "stalls"))
+        print(" ".join(record), flush=True)
+        res = subprocess.run(record, env=ncu_env(args), capture_output=True, text=True)
+        page = subprocess.run(export, capture_output=True, text=True) if res.returncode == 0 \
+            else res
+        try:
+            summary = stalls.stall_summary(page.stdout, args.stalls)
+        except ValueError as e:
+            print(res.stdout[-2000:] + res.stderr[-2000:] + page.stderr[-2000:])
+            print(f"ncu gave no stall samples for {args.kernel}: {e}")
+            return 1
+    print(f"decode h_q {args.h_q}, b {args.batch}, s_k {args.s_k}, {args.format} cache, family "
+          f"{args.family}: launch {WARMUPS + 1} of the decode kernel")
+    print("\n".join(stalls.summary_lines(summary)))
+    return 0
 
 
 def ncu_env(args) -> dict:
@@ -157,11 +198,17 @@ def print_metrics(found: dict, missing: list) -> None:
 def profile_decode(args) -> int:
     ncu = args.ncu or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if args.print_command:
-        print(" ".join(ncu_command(args, ncu)))
+        if args.stalls:
+            for cmd in stalls_commands(args, ncu, "stalls"):
+                print(" ".join(cmd))
+        else:
+            print(" ".join(ncu_command(args, ncu)))
         return 0
     if not os.path.exists(ncu) and shutil.which(ncu) is None:
         print("ncu (Nsight Compute) not found: put it on PATH or pass --ncu PATH")
         return 1
+    if args.stalls:
+        return profile_stalls(args, ncu)
     metrics, missing = usable_metrics(ncu)
     cmd = ncu_command(args, ncu, metrics)
     print(" ".join(cmd), flush=True)
