@@ -128,7 +128,7 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[16])
 // One stmatrix (four 8 x 8 matrices) per k16 step: matrix i of step kt is rows 8 (i % 2) .. of
 // the warp's 16, tokens 16 kt + 8 (i / 2) .., whose fragment is pa[4 kt + i]; lane l gives the
 // address of row l % 8 of matrix l / 8. Then the async-proxy fence, so the other warpgroup's
-// wgmma reads them after the named barrier that follows.
+// wgmma reads them after the hand-off that follows (kPa or kPb).
 __device__ __forceinline__ void store_p(const uint32_t (&pa)[16], const Smem& sm, int ps,
                                         const Lane& ln) {
   const uint32_t tile = sm.p_tile(ps);
