@@ -139,15 +139,29 @@ __device__ __forceinline__ void step_group1_impl(const PieceWalk& w, float (&s)[
   const Smem& sm = w.sm;
   if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln, ph);
 
-  // m_B, scale_B, P_B (no tile B: P_B = 0, m_B = m_A); O_R = scale_A scale_B O_R + P_B V_B,R.
-  handoff_wait(sm, kScaleA, ph);
-  float m_prev[2], m_new[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f}, f[2];
-  read_row_max(sm, ln, m_prev);
+  // P_B against tile B's own row max m_loc first, while warpgroup 0 still works on tile A's
+  // softmax; once m_A is in, m_B = max(m_A, m_loc) and P_B, its sum scaled by 2^(m_loc - m_B)
+  // (0 for a row that sees nothing of tile B; a row with a non-finite score stays NaN). No tile
+  // B: P_B = 0, m_B = m_A.
+  float m_loc[2] = {-INFINITY, -INFINITY}, psum[2] = {0.f, 0.f};
   if (t.has_b) {
-    tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(1), t.tok_b, w.scale_log2, ln);
-  } else {
-    m_new[0] = m_prev[0];
-    m_new[1] = m_prev[1];
+    const float none[2] = {-INFINITY, -INFINITY};
+    tile_softmax(s, st, none, m_loc, psum, *sm.tok_ok(1), t.tok_b, w.scale_log2, ln);
+  }
+  handoff_wait(sm, kScaleA, ph);
+  float m_prev[2], m_new[2], f[2];
+  read_row_max(sm, ln, m_prev);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_prev[h], m_loc[h]);
+  if (t.has_b) {
+    float c[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      c[h] = m_loc[h] == -INFINITY ? 0.f : rescale_factor(m_loc[h], m_new[h]);
+      psum[h] *= c[h];
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] *= c[(j >> 1) & 1];
   }
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
