@@ -14,9 +14,9 @@
 //   wg 0  m_A = max(m, max S_A), scale_A = 2^(m - m_A), P_A = 2^(S_A - m_A);
 //         O_L = scale_A O_L + P_A V_A,L                      (P_A from registers)
 //   wg 1  m_B = max(m_A, max S_B), scale_B = 2^(m_A - m_B), P_B = 2^(S_B - m_B);
-//         O_R = scale_A scale_B O_R + P_B V_B,R              (P_B from registers)
+//         O_R = scale_A scale_B O_R + (scale_B P_A) V_A,R    (P_A scaled, from shared memory)
+//         O_R = O_R + P_B V_B,R                              (P_B from registers)
 //   wg 0  O_L = scale_B O_L + P_B V_B,L                      (P_B from shared memory)
-//   wg 1  O_R = O_R + (scale_B P_A) V_A,R                    (P_A scaled, from shared memory)
 // (V_x,L / V_x,R: dims 0..255 / 256..511 of tile x), the online softmax of docs/spec.md with the
 // max and the rescale split between the two warpgroups, so one warpgroup's softmax runs while
 // the other's matrix products keep the tensor cores busy. Each warpgroup sums l over its own

@@ -126,26 +126,42 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   reg_fence_all(s);
 }
 
-// Warpgroup 1's part of step i: on entry s holds S_B (when tile B exists); on exit S of the next
-// step's tile B (when there is one).
-template <typename T>
-__device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s)[32],
-                                            float (&o)[128], RowState& st,
-                                            const uint32_t (&q8)[16], uint32_t& ph,
-                                            const Lane& ln) {
-  const StepTiles t(w, i, ln);
+// Warpgroup 1's part of step i (t: StepTiles, t.has_b = kHasB): on entry s holds S_B (when tile
+// B exists); on exit S of the next step's tile B (when there is one). A step without a tile B
+// (a piece's last, of an odd tile count) is its own instantiation, so that no wgmma or wait of
+// the step with one sits in a branch (ptxas would serialize the wgmmas).
+template <typename T, bool kHasB>
+__device__ __forceinline__ void step_group1_impl(const PieceWalk& w, float (&s)[32],
+                                                 float (&o)[128], RowState& st,
+                                                 const uint32_t (&q8)[16], uint32_t& ph,
+                                                 const Lane& ln, StepTiles t) {
+  t.has_b = kHasB;
   const Smem& sm = w.sm;
   if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln, ph);
 
-  // m_B, scale_B, P_B (no tile B: P_B = 0, m_B = m_A); O_R = scale_A scale_B O_R + P_B V_B,R.
-  handoff_wait(sm, kScaleA, ph);
-  float m_prev[2], m_new[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f}, f[2];
-  read_row_max(sm, ln, m_prev);
+  // P_B against tile B's own row max m_loc first, while warpgroup 0 still works on tile A's
+  // softmax; once m_A is in, m_B = max(m_A, m_loc) and P_B, its sum scaled by 2^(m_loc - m_B)
+  // (0 for a row that sees nothing of tile B; a row with a non-finite score stays NaN). No tile
+  // B: P_B = 0, m_B = m_A.
+  float m_loc[2] = {-INFINITY, -INFINITY}, psum[2] = {0.f, 0.f};
   if (t.has_b) {
-    tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(1), t.tok_b, w.scale_log2, ln);
-  } else {
-    m_new[0] = m_prev[0];
-    m_new[1] = m_prev[1];
+    const float none[2] = {-INFINITY, -INFINITY};
+    tile_softmax(s, st, none, m_loc, psum, *sm.tok_ok(1), t.tok_b, w.scale_log2, ln);
+  }
+  handoff_wait(sm, kScaleA, ph);
+  float m_prev[2], m_new[2], f[2];
+  read_row_max(sm, ln, m_prev);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_prev[h], m_loc[h]);
+  if (t.has_b) {
+    float c[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      c[h] = m_loc[h] == -INFINITY ? 0.f : rescale_factor(m_loc[h], m_new[h]);
+      psum[h] *= c[h];
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] *= c[(j >> 1) & 1];
   }
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
@@ -155,24 +171,28 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   scale_rows(o, fo);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * fo[h] + psum[h];
+  uint32_t pb[16];
   if (t.has_b) {
-    uint32_t pb[16];
     pack_p<T>(s, pb);
     store_p(pb, sm, 1, ln);
-    issue_pv_regs<T>(o, pb, sm, 1, 1);
   }
-  // O_R += (scale_B P_A) V_A,R; P_B is stored (and fenced) for warpgroup 0.
+  // O_R += (scale_B P_A) V_A,R first: it is slot 0's last read, so slot 0's blocks 4..8 are
+  // refilled with tile 2 i + 2 (which warpgroup 0 scores first in the next step) as early as the
+  // hand-off of P_A allows; then O_R += P_B V_B,R, after which slot 1's blocks 4..8 are refilled
+  // with tile 2 i + 3; then S of tile 2 i + 3. P_B is stored (and fenced) for warpgroup 0.
+  // Without a tile B an empty group stands for P_B V_B,R, so the waits below count the same.
   handoff_wait(sm, kPa, ph);
   issue_pv_smem<T>(o, sm, 0, 0, 1);
-  if (t.has_b) handoff_arrive(sm, kPb);
-  // Refill slot 1's blocks 4..8 once P_B V_B,R completed, slot 0's once P_A V_A,R did; then S of
-  // tile 2 i + 3.
   if (t.has_b) {
-    wgmma_wait<1>();
-    if (t.has_b2) issue_group_copies(w, 1, t.tok_b + 2 * Tr::kBlockN, t.coord_b2, ln);
+    handoff_arrive(sm, kPb);
+    issue_pv_regs<T>(o, pb, sm, 1, 1);
+  } else {
+    wgmma_commit();
   }
-  wgmma_wait<0>();
+  wgmma_wait<1>();
   if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
+  wgmma_wait<0>();
+  if (t.has_b2) issue_group_copies(w, 1, t.tok_b + 2 * Tr::kBlockN, t.coord_b2, ln);
   if (t.has_b2) {
     // Blocks 4..8 first: this warpgroup copied them before warpgroup 0 copied 0..3.
     issue_scores<T, 0, Tr::kColBlocks, Tr::kOBlocksPerGroup, true>(s, q8, sm, 1, ph & kSlotBit);
@@ -181,6 +201,19 @@ __device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s
   }
   reg_fence_all(o);
   reg_fence_all(s);
+}
+
+// Warpgroup 1's part of step i.
+template <typename T>
+__device__ __forceinline__ void step_group1(const PieceWalk& w, int i, float (&s)[32],
+                                            float (&o)[128], RowState& st,
+                                            const uint32_t (&q8)[16], uint32_t& ph,
+                                            const Lane& ln) {
+  const StepTiles t(w, i, ln);
+  if (t.has_b)
+    step_group1_impl<T, true>(w, s, o, st, q8, ph, ln, t);
+  else
+    step_group1_impl<T, false>(w, s, o, st, q8, ph, ln, t);
 }
 
 }  // namespace kf::cuda::sm90a
