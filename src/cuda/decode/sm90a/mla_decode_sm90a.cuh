@@ -70,11 +70,17 @@ namespace sm90a {
 // both: the same bits), 1 / l (0 for a row that saw nothing), lse = (m + log2 l) ln 2 (-inf for
 // such a row; NaN when l is) by warpgroup 0, and O / l of this warpgroup's dims to out or
 // o_accum. m is the shared running max, last stored by warpgroup 1 before its kScaleB hand-off of
-// the last step.
+// the last step. O goes through shared memory (the KV slots, which no copy or product of the
+// piece uses any more once both warpgroups passed the first barrier below) and leaves as one
+// bulk copy per row, issued by thread `row` of the block, when the rows are 16-byte aligned
+// (o_accum's always; out's when its address and strides allow; otherwise each thread stores its
+// values to out directly). The next piece waits for the copies' reads before its tile copies
+// overwrite the slots (run_piece).
 template <typename T>
 __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const Smem& sm,
                                                const PieceRun& e, const RowState& st,
-                                               const float (&o)[128], int row0, const Lane& ln) {
+                                               const float (&o)[128], int row0,
+                                               const Lane& ln) {
   float* row_sum = sm.row_sum();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -84,6 +90,14 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
     if ((ln.lane & 3) == 0) row_sum[ln.g * Tr::kBlockM + ln.rbase + 8 * h] = l;
   }
   named_barrier(kBarBoth, Tr::kNumThreads);  // both warpgroups' sums (and the last m) are stored
+  if (e.write == kWriteNone) return;
+  const bool to_out = e.write == kWriteOut;
+  const bool out_bulk = (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 &&
+                        p.o_batch_stride % 8 == 0 && p.o_seq_stride % 8 == 0 &&
+                        p.o_head_stride % 8 == 0;
+  const bool staged = !to_out || out_bulk;
+  const int col0 = ln.g * (kLatentDim / 2) + 2 * (ln.lane & 3);
+  const uint32_t stage = sm.slot(0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = ln.rbase + 8 * h;
@@ -91,33 +105,50 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
     const bool empty = l == 0.f;
     const float inv = empty ? 0.f : 1.f / l;
     const int row = row0 + r;
-    if (row >= p.num_rows || e.write == kWriteNone) continue;
     const int s = row / p.h_q, hq = row % p.h_q;
-    if (ln.g == 0 && (ln.lane & 3) == 0) {
+    if (ln.g == 0 && (ln.lane & 3) == 0 && row < p.num_rows) {
       const float m = sm.row_max()[r];
       const float lse = empty ? -INFINITY : (m + __log2f(l)) * 0.6931471805599453f;
-      if (e.write == kWriteOut)
+      if (to_out)
         p.lse[(int64_t(e.req) * p.h_q + hq) * p.s_q + s] = lse;
       else
         p.lse_accum[int64_t(e.piece) * p.num_rows + row] = lse;
     }
-    const int col0 = ln.g * (kLatentDim / 2) + 2 * (ln.lane & 3);
-    if (e.write == kWriteOut) {
+    if (!staged) {
+      if (row >= p.num_rows) continue;
       T* out = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
                int64_t(s) * p.o_seq_stride + int64_t(hq) * p.o_head_stride + col0;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) =
             pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    } else {
-      float* acc = p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim + col0;
-      const uint64_t keep = l2_evict_last_policy();
+    } else if (to_out) {
+      const uint32_t dst = stage + r * Tr::kStageOutRowBytes + col0 * 2;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
-        st_global_keep(acc + 8 * j, make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv),
-                       keep);
+        st_shared_u32(dst + 16 * j, pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+    } else {
+      const uint32_t dst = stage + r * Tr::kStageAccumRowBytes + col0 * 4;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        st_shared_f32x2(dst + 32 * j, o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
   }
+  if (!staged) return;
+  fence_proxy_async_smem();
+  named_barrier(kBarBoth, Tr::kNumThreads);  // the staged rows are visible to the bulk copies
+  const int r = ln.g * kGroupThreads + ln.gtid;
+  const int row = row0 + r;
+  if (r >= Tr::kBlockM || row >= p.num_rows) return;
+  if (to_out) {
+    T* out = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
+             int64_t(row / p.h_q) * p.o_seq_stride + int64_t(row % p.h_q) * p.o_head_stride;
+    bulk_store(out, stage + r * Tr::kStageOutRowBytes, kLatentDim * 2);
+  } else {
+    bulk_store_keep(p.o_accum + (int64_t(e.piece) * p.num_rows + row) * kLatentDim,
+                    stage + r * Tr::kStageAccumRowBytes, kLatentDim * 4, l2_evict_last_policy());
+  }
+  bulk_commit();
 }
 
 // One piece: both warpgroups are past the previous piece (its wgmmas read Q, the P tiles and the
@@ -129,6 +160,7 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
                                           const Lane& ln, int tid) {
   const Smem& sm = w.sm;
   const PieceRun& e = w.e;
+  bulk_wait_read();  // the last piece's O has left the slots
   named_barrier(kBarBoth, Tr::kNumThreads);
   for (int t = 0; t < 2 && t < w.n_tiles; ++t) {
     const int tok = e.begin + t * Tr::kBlockN;
@@ -192,6 +224,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
     if (first + Tr::kMaxPieces >= sm.counts()[1]) break;
     __syncthreads();  // everyone is done with this round's piece list
   }
+  bulk_wait_all();  // the last piece's O is written before the block ends
 }
 
 }  // namespace sm90a

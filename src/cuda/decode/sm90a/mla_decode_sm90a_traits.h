@@ -55,7 +55,15 @@ struct MlaSm90aTraits {
   static constexpr int kSmemUsed = kPieceOff + kPieceBytes;
   static constexpr int kSmemBytes = kSmemUsed + 1024;
 
+  // A piece's O is staged in the KV slots (free once the piece's last step is done) and stored
+  // by bulk copies, one per row: rows of 512 floats (o_accum) or 512 q-dtype values (out), each
+  // row 32 (floats) or 16 (16-bit values) bytes longer than its data, so the eight rows of a
+  // warp's store fall in different banks.
+  static constexpr int kStageAccumRowBytes = kLatentDim * 4 + 32;
+  static constexpr int kStageOutRowBytes = kLatentDim * 2 + 16;
+
   static_assert(kBlockM == 64 && kBlockN == 64, "S: m64n64 wgmma; P V: k = 64 tokens");
+  static_assert(kBlockM * kStageAccumRowBytes <= 2 * kTileBytes, "O staged in the two slots");
   static_assert(kHeadDim % 64 == 0 && kLatentDim % 128 == 0, "");
   static_assert(kPbOff % 1024 == 0 && kPaOff % 1024 == 0, "P tiles are 1024-aligned operands");
   static_assert(kBarOff % 8 == 0 && kHandoffOff % 8 == 0 && kGroupBarOff % 8 == 0 &&
