@@ -72,10 +72,9 @@ namespace sm90a {
 // o_accum. m is the shared running max, last stored by warpgroup 1 before its kScaleB hand-off of
 // the last step. O goes through shared memory (the KV slots, which no copy or product of the
 // piece uses any more once both warpgroups passed the first barrier below) and leaves as one
-// bulk copy per row, issued by thread `row` of the block, when the rows are 16-byte aligned
-// (o_accum's always; out's when its address and strides allow; otherwise each thread stores its
-// values to out directly). The next piece waits for the copies' reads before its tile copies
-// overwrite the slots (run_piece).
+// bulk copy per row (out's rows are 16-byte aligned by the call contract, o_accum's by the
+// workspace's), issued by thread `row` of the block. The next piece waits for the copies' reads
+// before its tile copies overwrite the slots (run_piece).
 template <typename T>
 __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const Smem& sm,
                                                const PieceRun& e, const RowState& st,
@@ -92,10 +91,6 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
   named_barrier(kBarBoth, Tr::kNumThreads);  // both warpgroups' sums (and the last m) are stored
   if (e.write == kWriteNone) return;
   const bool to_out = e.write == kWriteOut;
-  const bool out_bulk = (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 &&
-                        p.o_batch_stride % 8 == 0 && p.o_seq_stride % 8 == 0 &&
-                        p.o_head_stride % 8 == 0;
-  const bool staged = !to_out || out_bulk;
   const int col0 = ln.g * (kLatentDim / 2) + 2 * (ln.lane & 3);
   const uint32_t stage = sm.slot(0);
 #pragma unroll
@@ -114,15 +109,7 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
       else
         p.lse_accum[int64_t(e.piece) * p.num_rows + row] = lse;
     }
-    if (!staged) {
-      if (row >= p.num_rows) continue;
-      T* out = static_cast<T*>(p.out) + int64_t(e.req) * p.o_batch_stride +
-               int64_t(s) * p.o_seq_stride + int64_t(hq) * p.o_head_stride + col0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(out + 8 * j) =
-            pack2<T>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    } else if (to_out) {
+    if (to_out) {
       const uint32_t dst = stage + r * Tr::kStageOutRowBytes + col0 * 2;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -134,7 +121,6 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
         st_shared_f32x2(dst + 32 * j, o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
   }
-  if (!staged) return;
   fence_proxy_async_smem();
   named_barrier(kBarBoth, Tr::kNumThreads);  // the staged rows are visible to the bulk copies
   const int r = ln.g * kGroupThreads + ln.gtid;
