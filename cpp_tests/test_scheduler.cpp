@@ -97,7 +97,8 @@ TEST(Scheduler, WorkerCostWithinMeanPlusFixedCost) {
     Sched s = random_sched(rng);
     int64_t T = 0;
     for (int len : s.seqlens) T += kf::sched_tiles(len) + s.fc;
-    const int64_t bound = (T + s.W - 1) / s.W + s.fc;
+    const int active = kf::sched_active_workers_walk(s.seqlens.data(), s.batch(), s.W, s.fc, T);
+    const int64_t bound = (T + active - 1) / active + s.fc;
     for (int w = 0; w < s.W; ++w) {
       int64_t cost = 0;
       for (const kf::Piece& p : s.pieces_of(w))
@@ -259,8 +260,9 @@ std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, i
   std::vector<int64_t> seg_prefix(batch + 1, 0);
   for (int r = 0; r < batch; ++r)
     seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]), fc);
+  const int active = kf::sched_active_workers(seg_prefix.data(), batch, W, fc);
   std::vector<kf::SchedCut> cut(W + 1);
-  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, W, fc, w);
+  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, active, fc, w);
   std::vector<int> nb(W + 1, 0);  // boundaries among cuts 1..w
   for (int w = 1; w <= W; ++w) nb[w] = nb[w - 1] + kf::schedule_boundary(cut[w - 1], cut[w]);
   for (int w = 0; w < W; ++w)
@@ -276,6 +278,28 @@ std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, i
   return meta;
 }
 
+// Equal requests, b = q W' with W' >= 19/20 of the workers (b 64 and 128 on the H200's 66
+// workers of an h_q 128 decode): W' workers with q whole requests each, no request split; the
+// closed form agrees. One request a tile longer: every worker runs and requests are split.
+TEST(Scheduler, WholeRequestsWhenTheyLineUp) {
+  for (int b : {64, 128}) {
+    Sched s;
+    s.seqlens.assign(b, 4096);
+    s.W = 66;
+    s.h_q = 128;
+    s.build();
+    EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], b);
+    for (int w = 0; w < 64; ++w) EXPECT_EQ(int(s.pieces_of(w).size()), b / 64) << "worker " << w;
+    for (int w = 64; w < 66; ++w) EXPECT_TRUE(s.pieces_of(w).empty()) << "worker " << w;
+    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
+    s.seqlens[3] += 64;
+    s.build();
+    EXPECT_GT(s.meta[kf::kMetaTotalPiecesIdx], b);
+    for (int w = 0; w < 66; ++w) EXPECT_FALSE(s.pieces_of(w).empty()) << "worker " << w;
+    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
+  }
+}
+
 TEST(Scheduler, ClosedFormEqualsTheWalk) {
   auto rng = test_rng();
   std::uniform_int_distribution<int> kind(0, 4);
@@ -286,6 +310,12 @@ TEST(Scheduler, ClosedFormEqualsTheWalk) {
         const int k = kind(rng);
         x = k == 0 ? INT32_MAX - int(rng() % 1000) : k == 1 ? 0 : k == 2 ? 1 : x;
       }
+      s.build();
+    }
+    if (i % 7 == 3) {  // equal lengths, b = q W' with W' near W (whole requests, or not)
+      const int q = 1 + int(rng() % 3), wa = 1 + int(rng() % 40);
+      s.seqlens.assign(size_t(q) * wa, int(rng() % 3000));
+      s.W = wa + int(rng() % 4);
       s.build();
     }
     ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta)

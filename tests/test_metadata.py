@@ -23,6 +23,27 @@ def tiles(n):
     return 0 if n <= 0 else math.ceil(n / BLOCK_N)
 
 
+def active_workers(seqlens, workers, fixed):
+    """The workers the line is cut for (src/core/scheduler.h, "Whole requests"): fewer than
+    `workers` only when a count >= 19/20 of it gives every worker whole requests."""
+    batch = len(seqlens)
+    if batch < 1 or workers < 2:
+        return workers
+    q = -(-batch // workers)
+    cand = -(-batch // q)
+    if not (cand < workers and 20 * cand >= 19 * workers):
+        return workers
+    segs = [tiles(n) + fixed for n in seqlens]
+    starts = np.concatenate([[0], np.cumsum(segs)])
+    total = int(starts[-1])
+    for w in range(1, cand):
+        c = total * w // cand
+        r = int(np.searchsorted(starts, c, side="right")) - 1
+        if r < batch and c - starts[r] > fixed:
+            return workers
+    return cand
+
+
 def decode_metadata(meta, seqlens):
     """-> header dict, piece_offset, and per worker the pieces (req, begin, end, piece)."""
     meta = np.asarray(meta).astype(np.int64)
@@ -92,9 +113,13 @@ def check_schedule(meta, seqlens, h_q, s_q, workers, kv_format="bf16"):
     flat = [(r, lo) for mine in pieces for r, lo, _, _ in mine]
     assert flat == sorted(flat)
 
-    # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W) + one fixed cost.
+    # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W_a) + one fixed cost.
     line = sum(tiles(n) + fixed for n in seqlens)
-    bound = math.ceil(line / workers) + fixed
+    active = active_workers(seqlens, workers, fixed)
+    bound = math.ceil(line / active) + fixed
+    if active < workers:
+        assert total == batch, "whole requests: one piece each"
+        assert all(not mine for mine in pieces[active:]), "workers past W_a get nothing"
     for k, mine in enumerate(pieces):
         cost = sum(tiles(hi - lo) + fixed for _, lo, hi, _ in mine)
         assert cost <= bound, f"worker {k}: cost {cost} > bound {bound}"
@@ -129,6 +154,31 @@ def test_default_workers_and_size():
     meta = kf.get_mla_metadata(sl, 16)
     assert meta.shape == (kf.metadata_size(3, workers),)
     check_schedule(meta, sl, 16, 1, workers)
+
+
+@pytest.mark.parametrize("batch,workers,active", [(64, 66, 64), (128, 66, 64), (128, 132, 128),
+                                                  (60, 66, 66), (127, 66, 66)])
+def test_whole_requests_when_they_line_up(batch, workers, active):
+    """Equal requests, b = q W' with W' >= 19/20 of the workers: W' workers get q whole requests
+    each and the rest nothing (no request split, nothing to combine). 60 of 66 is below 19/20
+    and 127 requests do not line up on 64 workers: all workers, requests split."""
+    seqlens = [4096] * batch
+    meta = kf.get_mla_metadata(np.array(seqlens, np.int32), 128, 1, num_workers=workers)
+    check_schedule(meta, seqlens, 128, 1, workers)
+    assert active_workers(seqlens, workers, 1) == active
+    header, _, pieces = decode_metadata(meta, seqlens)
+    busy = sum(1 for mine in pieces if mine)
+    if active < workers:
+        assert header["total"] == batch and busy == active
+        assert all(len(mine) == batch // active for mine in pieces[:active])
+    else:
+        assert header["total"] > batch and busy == workers
+    # One request a tile longer: the cuts no longer line up, all workers run.
+    longer = list(seqlens)
+    longer[3] += 64
+    meta = kf.get_mla_metadata(np.array(longer, np.int32), 128, 1, num_workers=workers)
+    check_schedule(meta, longer, 128, 1, workers)
+    assert sum(1 for mine in decode_metadata(meta, longer)[2] if mine) == workers
 
 
 def test_balanced_split_of_one_long_request():

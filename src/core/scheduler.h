@@ -5,12 +5,13 @@
 // part F stands for what a piece costs besides its KV tiles (loading q, the epilogue, a combine
 // input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata.
 // Lay all requests on one line of T = sum seg_len units and cut it at
-// c_w = floor(w * T / W) for w = 1 .. W-1. A cut inside request r's fixed part moves back to the
-// request's start (the whole request goes to the later worker); a cut inside its tiles splits it
-// there. Worker w owns the line from its start to the next worker's start, so every tile is
-// covered exactly once, and its cost is at most ceil(T / W) + F (the fixed cost of a
-// continued request, or a cut moved back by at most the fixed part), which is the bound the
-// tests check: the mean plus one tile of rounding plus the fixed cost of a piece.
+// c_w = floor(w * T / W_a) for w = 1 .. W_a-1, W_a the active workers (W, or fewer when that
+// keeps every request whole: "Whole requests" below). A cut inside request r's fixed part moves
+// back to the request's start (the whole request goes to the later worker); a cut inside its
+// tiles splits it there. Worker w owns the line from its start to the next worker's start, so
+// every tile is covered exactly once, and its cost is at most ceil(T / W_a) + F (the fixed cost
+// of a continued request, or a cut moved back by at most the fixed part), which is the bound
+// the tests check: the mean plus one tile of rounding plus the fixed cost of a piece.
 //
 // Metadata layout (int32):
 //   [0, kMetaHeaderLen)            header: magic, version, batch, h_q, s_q, num_workers,
@@ -80,11 +81,31 @@ KF_HD inline int sched_tiles(int seqlen) {
   return seqlen <= 0 ? 0 : int((int64_t(seqlen) + kSchedBlockN - 1) / kSchedBlockN);
 }
 
+// ---- Whole requests ----
+// The line is cut for W_a active workers, W_a <= W = num_workers: W_a = W unless a smaller count
+// gives every worker whole requests. With q = ceil(batch / W) requests per worker, the candidate
+// is W' = ceil(batch / q); it is taken when W' >= 19/20 W (the balance coarser by at most about
+// 5%) and its cuts split no request (they all fall on request starts, as for q W' requests of
+// equal length). Then no request has two pieces: no combine input and no second piece start in
+// a worker, which on the H200 costs more than the 3-5% of balance given up (b = 64 and 128 on
+// 66 workers: the combine alone takes 5% of the decode). Workers W_a .. W - 1 get no work.
+KF_HD inline int sched_whole_candidate(int batch, int num_workers) {
+  if (batch < 1 || num_workers < 2) return num_workers;
+  const int q = (batch + num_workers - 1) / num_workers;
+  const int w = (batch + q - 1) / q;
+  return w < num_workers && int64_t(20) * w >= int64_t(19) * num_workers ? w : num_workers;
+}
+// The cut between workers w - 1 and w of W_a (0 < w < W_a) on a line of `total` units lies at
+// floor(w total / W_a). It splits a request when it falls past the request's fixed part.
+KF_HD inline int64_t schedule_cut_point(int64_t total, int active, int w) {
+  return total / active * w + total % active * w / active;
+}
+
 // ---- The same schedule in closed form, for the GPU's parallel metadata kernel ----
 // With S[r] = sum of seg_len over requests < r (S[0] = 0, S[batch] = T), the cut between
-// workers w - 1 and w (0 < w < W) lies at c_w = floor(w T / W): in the first request r with
+// workers w - 1 and w (0 < w < W_a) lies at c_w = floor(w T / W_a): in the first request r with
 // S[r + 1] > c_w, at tile c_w - S[r] - F (0 if that is not positive). Cut 0 is (0, 0),
-// cut W is (batch, 0). Cut w is a piece boundary when it splits a request and differs from cut
+// cuts W_a .. W are (batch, 0). Cut w is a piece boundary when it splits a request and differs from cut
 // w - 1; with nb(w) the number of boundaries among cuts 1..w, worker w's first piece is
 // cut_req(w) + nb(w), request r's first piece is r + (boundaries in requests before r), and the
 // batch has batch + nb(W) pieces. build_schedule's walk yields exactly these values (checked on
@@ -95,12 +116,13 @@ struct SchedCut {
 KF_HD inline int64_t sched_seg_len(int seqlen, int fixed_cost) {
   return sched_tiles(seqlen) + fixed_cost;
 }
-KF_HD inline SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num_workers,
+// `active` is W_a (sched_active_workers); cuts W_a .. W are (batch, 0).
+KF_HD inline SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int active,
                                    int fixed_cost, int w) {
   if (w <= 0) return {0, 0};
-  if (w >= num_workers) return {batch, 0};
+  if (w >= active) return {batch, 0};
   const int64_t total = seg_prefix[batch];
-  const int64_t c = total / num_workers * w + total % num_workers * w / num_workers;
+  const int64_t c = schedule_cut_point(total, active, w);
   int lo = 0, hi = batch;  // the first r with seg_prefix[r + 1] > c, or batch
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
@@ -111,6 +133,15 @@ KF_HD inline SchedCut schedule_cut(const int64_t* seg_prefix, int batch, int num
   }
   const int64_t o = c - seg_prefix[lo];
   return {lo, (lo < batch && o > fixed_cost) ? int(o - fixed_cost) : 0};
+}
+// W_a from the prefix sums (sequentially; the GPU kernel checks the candidate's cuts in
+// parallel, with the same result).
+KF_HD inline int sched_active_workers(const int64_t* seg_prefix, int batch, int num_workers,
+                                      int fixed_cost) {
+  const int cand = sched_whole_candidate(batch, num_workers);
+  for (int w = 1; w < cand; ++w)
+    if (schedule_cut(seg_prefix, batch, cand, fixed_cost, w).tile > 0) return num_workers;
+  return cand;
 }
 KF_HD inline bool schedule_boundary(SchedCut prev, SchedCut cut) {
   return cut.tile > 0 && (cut.req != prev.req || cut.tile != prev.tile);
@@ -139,6 +170,22 @@ KF_HD inline void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, 
   for (int i = kMetaFixedCostIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
 }
 
+// W_a by walking the requests (build_schedule's way: no prefix array), `total` the line's
+// length.
+KF_HD inline int sched_active_workers_walk(const int32_t* seqlens, int batch, int num_workers,
+                                           int fixed_cost, int64_t total) {
+  const int cand = sched_whole_candidate(batch, num_workers);
+  int r = 0;
+  int64_t seg_start = 0;
+  for (int w = 1; w < cand; ++w) {
+    const int64_t c = schedule_cut_point(total, cand, w);
+    while (r < batch && seg_start + sched_seg_len(seqlens[r], fixed_cost) <= c)
+      seg_start += sched_seg_len(seqlens[r++], fixed_cost);
+    if (r < batch && c - seg_start > fixed_cost) return num_workers;
+  }
+  return cand;
+}
+
 // Fill the metadata. `seqlens` are clamped to >= 0 by the caller (nothing more: the metadata call
 // does not see the block table; decode clamps each piece to what the block table addresses).
 // Sequential, O(batch + num_workers). The GPU's metadata kernel computes the same values in
@@ -148,6 +195,7 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
                                  int num_workers, int fixed_cost, int32_t* meta) {
   int64_t total = 0;
   for (int r = 0; r < batch; ++r) total += sched_seg_len(seqlens[r], fixed_cost);
+  const int active = sched_active_workers_walk(seqlens, batch, num_workers, fixed_cost, total);
 
   int32_t* piece_offset = meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
   for (int r = 0; r <= batch; ++r) piece_offset[r] = 0;  // used as split counts first
@@ -159,19 +207,19 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
   int32_t* w0 = meta_worker(meta, 0);
   w0[kWStartReq] = 0;
   w0[kWStartTile] = 0;
-  // c = floor(w * total / num_workers), stepped without a 64-bit division per worker (slow on
-  // a GPU): w * total = w * step * W + w * rem, and frac carries w * rem modulo W.
-  const int64_t step = total / num_workers, rem = total % num_workers;
+  // c = floor(w * total / W_a), stepped without a 64-bit division per worker (slow on a GPU):
+  // w * total = w * step * W_a + w * rem, and frac carries w * rem modulo W_a.
+  const int64_t step = total / active, rem = total % active;
   int64_t c = 0, frac = 0;
   for (int w = 1; w <= num_workers; ++w) {
     int req, tile;
     c += step;
     frac += rem;
-    if (frac >= num_workers) {
-      frac -= num_workers;
+    if (frac >= active) {
+      frac -= active;
       c += 1;
     }
-    if (w == num_workers) {
+    if (w >= active) {
       req = batch;
       tile = 0;
     } else {
