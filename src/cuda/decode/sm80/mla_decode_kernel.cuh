@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const int g = warp / Tr::kDimGroups, d = warp % Tr::kDimGroups;
   const int w = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
-  if (!begin_block<Tr, T>(p, row0)) return;
+  if (!begin_block<Tr, T>(p, row0, blockIdx.x, gridDim.x)) return;
 
   const DecodeSmem<Tr> sm(smem);
   PieceRun* pieces = sm.pieces;

@@ -115,11 +115,12 @@ __device__ void collect_pieces(const MlaDecodeParams& p, int w, int first, Piece
   counts[1] = idx;
 }
 
-// Metadata made for another call: every row of this block's share of requests is empty.
+// Metadata made for another call: every row of this block's share of requests is empty (worker
+// w of `workers` takes requests w, w + workers, ...).
 template <class Tr, typename T>
-__device__ void write_empty_rows(const MlaDecodeParams& p, int row0) {
+__device__ void write_empty_rows(const MlaDecodeParams& p, int row0, int w, int workers) {
   T* out = static_cast<T*>(p.out);
-  for (int r = blockIdx.x; r < p.batch; r += gridDim.x) {
+  for (int r = w; r < p.batch; r += workers) {
     for (int i = threadIdx.x; i < Tr::kBlockM * (kLatentDim / 8); i += Tr::kNumThreads) {
       const int row = row0 + i / (kLatentDim / 8), c = i % (kLatentDim / 8);
       if (row >= p.num_rows) continue;
@@ -134,11 +135,13 @@ __device__ void write_empty_rows(const MlaDecodeParams& p, int row0) {
 // The block's start, before any other read: wait for the previous kernel in the stream (the
 // kernel is launched as a programmatic dependent, pdl.cuh; that kernel may have written q, the
 // cache, the block table or the metadata), and check that the metadata was made for this call.
-// Metadata made for another call: thread 0 of block (0, 0) reports it, every block writes its
-// rows as empty, and the block returns false.
+// Metadata made for another call: thread 0 of worker 0's first row tile reports it, every block
+// writes its rows as empty, and the block returns false. The block is worker w of `workers`
+// (the kernels place the worker on different grid axes).
 template <class Tr, typename T>
-__device__ __forceinline__ bool begin_block(const MlaDecodeParams& p, int row0) {
-  const int tid = threadIdx.x, w = blockIdx.x;
+__device__ __forceinline__ bool begin_block(const MlaDecodeParams& p, int row0, int w,
+                                            int workers) {
+  const int tid = threadIdx.x;
   pdl_wait();
   if (tid == 0) {
     // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
@@ -147,9 +150,9 @@ __device__ __forceinline__ bool begin_block(const MlaDecodeParams& p, int row0) 
     asm volatile("prefetch.global.L1 [%0];\n" ::"l"(wk));
   }
   if (!metadata_matches(p)) {
-    if (w == 0 && blockIdx.y == 0 && tid == 0)
+    if (w == 0 && row0 == 0 && tid == 0)
       report_device_error(p.error_buffer, kDevErrMetadata, 0, p.metadata[kMetaMagicIdx]);
-    write_empty_rows<Tr, T>(p, row0);
+    write_empty_rows<Tr, T>(p, row0, w, workers);
     return false;
   }
   return true;

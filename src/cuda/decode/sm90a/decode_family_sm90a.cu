@@ -7,6 +7,7 @@
 #include "cuda/decode/sm90a/decode_config_sm90a.h"
 #include "cuda/decode/sm90a/kv_tensor_map_sm90a.h"
 #include "cuda/decode/sm90a/mla_decode_sm90a.h"
+#include "cuda/decode/sm90a/mla_decode_sm90a_traits.h"
 
 namespace kf::cuda {
 namespace {
@@ -30,8 +31,12 @@ cudaError_t run(const MlaDecodeParams& p, cudaStream_t stream) {
   CUtensorMap kv_map;
   if (!sm90a_kernel_runs(p.num_rows, p.kv_format) || !encode_kv_tensor_map(p, &kv_map))
     return kDecodeSm80.run(p, stream);
-  return p.dtype == DType::kBF16 ? run_mla_decode_sm90a<__nv_bfloat16>(p, kv_map, stream)
-                                 : run_mla_decode_sm90a<__half>(p, kv_map, stream);
+  const bool small_pages = p.page_size < MlaSm90aTraits::kBlockN;
+  if (p.dtype == DType::kBF16)
+    return small_pages ? run_mla_decode_sm90a<__nv_bfloat16, true>(p, kv_map, stream)
+                       : run_mla_decode_sm90a<__nv_bfloat16, false>(p, kv_map, stream);
+  return small_pages ? run_mla_decode_sm90a<__half, true>(p, kv_map, stream)
+                     : run_mla_decode_sm90a<__half, false>(p, kv_map, stream);
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
 
 // The rounds of up to kMaxPieces pieces of worker w: thread 0 collects a round's pieces, then
 // every piece of the round runs.
-template <typename T>
+template <typename T, bool kSmallPages>
 __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem& sm,
                                            const void* kv_map, int w, int row0, int tid) {
   const Lane ln(tid);
@@ -201,7 +201,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
     for (int pi = 0; pi < n; ++pi) {
       const PieceRun e = sm.pieces()[pi];
       const int span = e.end - e.begin;
-      const PieceWalk walk{p, sm, kv_map, e, TileGeom(p),
+      const PieceWalk walk{p, sm, kv_map, e, TileGeom(p, kSmallPages),
                            span > 0 ? (span + Tr::kBlockN - 1) / Tr::kBlockN : 0, scale_log2};
       run_piece<T>(walk, row0, ph, ln, tid);
     }
@@ -215,7 +215,10 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
 
 }  // namespace sm90a
 
-template <typename T>
+// Block (row tile, worker): the two row tiles of a worker (h_q s_q > 64) are neighbours in the
+// launch order, so they read the same KV tiles close together in time and the second read hits
+// L2. kSmallPages: pages of fewer than 64 rows (a tile spans several pages; TileGeom).
+template <typename T, bool kSmallPages>
 __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
     mla_decode_sm90a_kernel(const __grid_constant__ MlaDecodeParams p,
                             const __grid_constant__ CUtensorMap kv_map) {
@@ -225,9 +228,9 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const sm90a::Smem sm{smem_raw + pad, raw + pad};
   const int tid = threadIdx.x;
-  const int row0 = blockIdx.y * Tr::kBlockM;
+  const int row0 = blockIdx.x * Tr::kBlockM, w = blockIdx.y;
   if (tid == 0) sm90a::tma_prefetch_map(&kv_map);
-  if (!begin_block<Tr, T>(p, row0)) return;
+  if (!begin_block<Tr, T>(p, row0, w, gridDim.y)) return;
   if (tid == 0) {
     for (int i = 0; i < 2 * Tr::kColBlocks; ++i)
       sm90a::mbar_init(sm.base_u32 + Tr::kBarOff + 8 * i, 1);
@@ -235,26 +238,26 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
     for (int g = 0; g < 2; ++g) sm90a::mbar_init(sm.group_bar(g), sm90a::kGroupThreads);
     sm90a::fence_mbarrier_init();
   }
-  sm90a::run_rounds<T>(p, sm, &kv_map, blockIdx.x, row0, tid);
+  sm90a::run_rounds<T, kSmallPages>(p, sm, &kv_map, w, row0, tid);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 }
 
 // Launch on `stream` with the cache's tensor map; the attribute is set per call (cheap, allowed
 // during capture).
-template <typename T>
+template <typename T, bool kSmallPages>
 cudaError_t run_mla_decode_sm90a(const MlaDecodeParams& p, const CUtensorMap& kv_map,
                                  cudaStream_t stream) {
   using Tr = MlaSm90aTraits;
-  auto kernel = mla_decode_sm90a_kernel<T>;
+  auto kernel = mla_decode_sm90a_kernel<T, kSmallPages>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(p.num_workers, ceil_div(p.num_rows, Tr::kBlockM));
+  const dim3 grid(ceil_div(p.num_rows, Tr::kBlockM), p.num_workers);
   return launch_pdl(kernel, grid, dim3(Tr::kNumThreads), Tr::kSmemBytes, stream, p, kv_map);
 }
 
-#define KF_DECODE_SM90A_INSTANTIATE(T)                                                      \
-  template cudaError_t run_mla_decode_sm90a<T>(const MlaDecodeParams&, const CUtensorMap&, \
-                                               cudaStream_t);
+#define KF_DECODE_SM90A_INSTANTIATE(T, kSmallPages)                                     \
+  template cudaError_t run_mla_decode_sm90a<T, kSmallPages>(const MlaDecodeParams&,      \
+                                                            const CUtensorMap&, cudaStream_t);
 
 }  // namespace kf::cuda

@@ -1,5 +1,6 @@
-// The instantiated sm_90a decode kernels (16-bit caches: bf16 and fp16), one per .cu file so a
-// small machine builds them in parallel. Defined in mla_decode_sm90a.cuh.
+// The instantiated sm_90a decode kernels (16-bit caches: bf16 and fp16; pages of 64 rows or
+// more, and smaller pages), one per .cu file so a small machine builds them in parallel. Defined
+// in mla_decode_sm90a.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -12,14 +13,20 @@
 namespace kf::cuda {
 
 // Launch the decode of validated params (q dtype T, a cache in q's dtype) on `stream`, the cache
-// read through kv_map (kv_tensor_map_sm90a.h).
-template <typename T>
+// read through kv_map (kv_tensor_map_sm90a.h). kSmallPages: the cache's pages have fewer than 64
+// rows (the caller picks the instantiation from p.page_size).
+template <typename T, bool kSmallPages>
 cudaError_t run_mla_decode_sm90a(const MlaDecodeParams& p, const CUtensorMap& kv_map,
                                  cudaStream_t stream);
 
-extern template cudaError_t run_mla_decode_sm90a<__nv_bfloat16>(const MlaDecodeParams&,
-                                                                const CUtensorMap&, cudaStream_t);
-extern template cudaError_t run_mla_decode_sm90a<__half>(const MlaDecodeParams&,
-                                                         const CUtensorMap&, cudaStream_t);
+#define KF_DECODE_SM90A_EXTERN(T, kSmallPages)                                                \
+  extern template cudaError_t run_mla_decode_sm90a<T, kSmallPages>(const MlaDecodeParams&, \
+                                                                   const CUtensorMap&,     \
+                                                                   cudaStream_t);
+KF_DECODE_SM90A_EXTERN(__nv_bfloat16, false)
+KF_DECODE_SM90A_EXTERN(__nv_bfloat16, true)
+KF_DECODE_SM90A_EXTERN(__half, false)
+KF_DECODE_SM90A_EXTERN(__half, true)
+#undef KF_DECODE_SM90A_EXTERN
 
 }  // namespace kf::cuda

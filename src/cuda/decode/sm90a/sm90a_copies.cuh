@@ -14,11 +14,14 @@ namespace kf::cuda::sm90a {
 
 // ---- tensor copies of a tile ----
 // A tile's pages: page_rows = min(page size, 64) tokens per copy, tile_pages = 64 / page_rows.
+// small_pages (pages of fewer than 64 rows) is the kernel's template argument kSmallPages, so
+// with larger pages the geometry is the constant (64, 1) and the divisions and loops over a
+// tile's pages fold away.
 struct TileGeom {
   int page_rows, tile_pages;
-  __device__ __forceinline__ explicit TileGeom(const MlaDecodeParams& p)
-      : page_rows(p.page_size < Tr::kBlockN ? p.page_size : Tr::kBlockN),
-        tile_pages(p.page_size < Tr::kBlockN ? Tr::kBlockN / p.page_size : 1) {}
+  __device__ __forceinline__ TileGeom(const MlaDecodeParams& p, bool small_pages)
+      : page_rows(small_pages ? p.page_size : Tr::kBlockN),
+        tile_pages(small_pages ? Tr::kBlockN / p.page_size : 1) {}
 };
 
 // The tensor-map page coordinate of page j of the tile at token tok of piece e: the block-table
