@@ -215,9 +215,9 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
 
 }  // namespace sm90a
 
-// Block (row tile, worker): the two row tiles of a worker (h_q s_q > 64) are neighbours in the
-// launch order, so they read the same KV tiles close together in time and the second read hits
-// L2. kSmallPages: pages of fewer than 64 rows (a tile spans several pages; TileGeom).
+// Block (row tile, worker): the row tiles of a worker (h_q s_q > 64) are neighbours in the
+// launch order, so they read the same KV tiles close together in time and the second read can
+// find them in L2. kSmallPages: pages of fewer than 64 rows (a tile spans several pages; TileGeom).
 template <typename T, bool kSmallPages>
 __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
     mla_decode_sm90a_kernel(const __grid_constant__ MlaDecodeParams p,
