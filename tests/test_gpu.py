@@ -118,7 +118,8 @@ def test_metadata_matches_cpu(rng):
 def test_metadata_matches_cpu_random_batches(rng):
     """The GPU's parallel (closed-form) scheduler writes the CPU walk's bytes: random batches and
     worker counts (more workers than tiles included), lengths 0, 1, ordinary and near INT32_MAX,
-    and batches too large for its shared memory (the walk on the GPU)."""
+    batches too large for its shared memory (the walk on the GPU), and equal lengths that line up
+    on fewer workers (whole requests)."""
     torch = torch_mod()
     for trial in range(200):
         batch = int(rng.choice([1, 2, 7, 33, 128, 500, 2000]))
@@ -134,6 +135,16 @@ def test_metadata_matches_cpu_random_batches(rng):
         gpu = kf.get_mla_metadata(torch.from_numpy(sl).cuda(), h_q, s_q, num_workers=workers)
         cpu = kf.get_mla_metadata(sl, h_q, s_q, num_workers=workers)
         assert np.array_equal(gpu.cpu().numpy(), cpu), f"trial {trial}: b={batch} W={workers}"
+    # Equal lengths on slightly more workers than requests line up on (the scheduler's whole
+    # requests, or not when one request is longer): the same bytes too.
+    for batch, workers in ((64, 66), (128, 66), (128, 132), (96, 100), (60, 66)):
+        for longer in (False, True):
+            sl = np.full(batch, int(rng.integers(1, 20000)), np.int32)
+            if longer:
+                sl[batch // 2] += 64
+            gpu = kf.get_mla_metadata(torch.from_numpy(sl).cuda(), 128, 1, num_workers=workers)
+            cpu = kf.get_mla_metadata(sl, 128, 1, num_workers=workers)
+            assert np.array_equal(gpu.cpu().numpy(), cpu), f"b={batch} W={workers} {longer}"
 
 
 def test_cuda_graph_replay_equals_eager(rng):
