@@ -60,6 +60,7 @@ __all__ = [
     "cache_append",
     "check_errors",
     "convert_cache",
+    "cuda_call_counts",
     "get_mla_metadata",
     "mla_decode",
     "new_error_buffer",
@@ -68,6 +69,18 @@ __all__ = [
 for _platform, _targets in _jax_ffi.targets().items():
     for _name, _capsule in _targets.items():
         jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)
+
+
+
+def cuda_call_counts() -> dict:
+    """{custom-call target: (calls, recorded)} of this process's CUDA handlers: how often XLA
+    called each, and how many of those calls it made while recording a command buffer (its
+    stream capturing into a CUDA graph). A replayed command buffer runs the kernels without
+    calling the handler, so neither count moves then. A diagnostic: it shows whether XLA put
+    the calls into its CUDA graphs (XLA_FLAGS or compiler_options
+    xla_gpu_enable_command_buffer with CUSTOM_CALL) or ran them one by one."""
+    return {name: tuple(count) for name, count in _jax_ffi.cuda_call_counts().items()}
+
 
 _SIXTEEN_BIT = ("bfloat16", "float16")
 # Spare bytes of the workspace result: the handler starts the workspace at its first 256-byte

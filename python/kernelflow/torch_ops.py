@@ -51,14 +51,33 @@ _EIGHT_BIT = ("fp8_e4m3", "int8")
 _LIB = torch.library.Library("kernelflow", "FRAGMENT")
 
 
+# The frame-evaluation callback torch.compile installs while it may trace (None otherwise).
+# Without this accessor every call takes the disabled path below.
+_eval_frame_callback = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+_eval_frame_callback = getattr(_eval_frame_callback, "get_eval_frame_callback", lambda: True)
+
+
+def _untraced(kernel):
+    """kernel, run with torch.compile's frame evaluation off (as torch.library.custom_op does),
+    so an eager call made while torch.compile is active never traces into the library's Python.
+    When no frame-evaluation callback is installed (plain eager code) there is nothing to turn
+    off, and the call skips the disabling wrapper's cost."""
+    disabled = torch.compiler.disable(kernel, recursive=True)
+
+    def run(*args):
+        if _eval_frame_callback() is None:
+            return kernel(*args)
+        return disabled(*args)
+
+    return run
+
+
 def _define(schema: str, kernel, fake):
-    """kernelflow::<name> with this schema: `kernel` its CPU and CUDA implementation, `fake` its
-    fake one; returns the op's overload. The kernel runs with torch.compile's frame evaluation
-    off (as torch.library.custom_op does), so an eager call made while torch.compile is active
-    never traces into the library's Python."""
+    """kernelflow::<name> with this schema: `kernel` its CPU and CUDA implementation (run
+    untraced), `fake` its fake one; returns the op's overload."""
     name = schema.partition("(")[0]
     _LIB.define(schema)
-    kernel = torch.compiler.disable(kernel, recursive=True)
+    kernel = _untraced(kernel)
     for key in ("CPU", "CUDA"):
         _LIB.impl(name, kernel, key)
     torch.library.register_fake(f"kernelflow::{name}", fake, lib=_LIB)

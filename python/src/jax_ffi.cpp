@@ -20,6 +20,7 @@
 #include <kernelflow/kernelflow.h>
 #include <nanobind/nanobind.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -181,11 +182,30 @@ auto bind() {
     return ffi::Ffi::Bind();
 }
 
-template <Platform P, typename Fn>
+// The targets, in the order of kTargetNames; a CUDA handler counts its calls (CallCount).
+enum Target { kMetadata, kDecode, kDecodeChecked, kAppend, kAppendChecked, kConvert, kNumTargets };
+constexpr const char* kTargetNames[kNumTargets] = {
+    "kernelflow_mla_metadata",       "kernelflow_mla_decode",
+    "kernelflow_mla_decode_checked", "kernelflow_cache_append", "kernelflow_cache_append_checked",
+    "kernelflow_cache_convert"};
+
+// Per CUDA target: the handler's calls, and those made while its stream was capturing (XLA
+// recording the call into a command buffer). Replays of a recorded command buffer run the
+// kernels without calling the handler, so neither count moves then.
+struct CallCount {
+  std::atomic<uint64_t> calls{0}, captured{0};
+};
+CallCount g_counts[kNumTargets];
+
+template <Platform P, Target kT, typename Fn>
 auto on(Fn fn) {
   if constexpr (P == Platform::kCuda)
     return [fn](void* stream, int32_t device, auto... args) {
-      return fn(Place{DLDevice{kDLCUDA, device}, stream}, args...);
+      const Place place{DLDevice{kDLCUDA, device}, stream};
+      g_counts[kT].calls.fetch_add(1, std::memory_order_relaxed);
+      if (kf::jax_ffi::stream_capturing(place))
+        g_counts[kT].captured.fetch_add(1, std::memory_order_relaxed);
+      return fn(place, args...);
     };
   else
     return [fn](auto... args) { return fn(Place{DLDevice{kDLCPU, 0}, nullptr}, args...); };
@@ -258,20 +278,20 @@ auto convert_binding() {
 
 // The handler object of a binding and a call; CUDA handlers may be recorded into command
 // buffers (see the top of this file).
-template <Platform P, typename Binding, typename Fn>
+template <Platform P, Target kT, typename Binding, typename Fn>
 auto make_handler(Binding binding, Fn fn) {
   if constexpr (P == Platform::kCuda)
-    return std::move(binding).To(on<P>(fn), {ffi::Traits::kCmdBufferCompatible});
+    return std::move(binding).To(on<P, kT>(fn), {ffi::Traits::kCmdBufferCompatible});
   else
-    return std::move(binding).To(on<P>(fn));
+    return std::move(binding).To(on<P, kT>(fn));
 }
 
-template <Platform P> auto metadata_handler() { return make_handler<P>(metadata_binding<P>(), metadata); }
-template <Platform P> auto decode_handler() { return make_handler<P>(decode_binding<P, false>(), decode_unchecked); }
-template <Platform P> auto decode_checked_handler() { return make_handler<P>(decode_binding<P, true>(), decode_checked); }
-template <Platform P> auto append_handler() { return make_handler<P>(append_binding<P, false>(), append_unchecked); }
-template <Platform P> auto append_checked_handler() { return make_handler<P>(append_binding<P, true>(), append_checked); }
-template <Platform P> auto convert_handler() { return make_handler<P>(convert_binding<P>(), convert); }
+template <Platform P> auto metadata_handler() { return make_handler<P, kMetadata>(metadata_binding<P>(), metadata); }
+template <Platform P> auto decode_handler() { return make_handler<P, kDecode>(decode_binding<P, false>(), decode_unchecked); }
+template <Platform P> auto decode_checked_handler() { return make_handler<P, kDecodeChecked>(decode_binding<P, true>(), decode_checked); }
+template <Platform P> auto append_handler() { return make_handler<P, kAppend>(append_binding<P, false>(), append_unchecked); }
+template <Platform P> auto append_checked_handler() { return make_handler<P, kAppendChecked>(append_binding<P, true>(), append_checked); }
+template <Platform P> auto convert_handler() { return make_handler<P, kConvert>(convert_binding<P>(), convert); }
 
 // The C entry point XLA calls: the handler made once by `Make`, then called per execution.
 template <auto Make>
@@ -288,12 +308,12 @@ nb::capsule capsule(XLA_FFI_Handler* handler) {
 template <Platform P>
 nb::dict targets() {
   nb::dict d;
-  d["kernelflow_mla_metadata"] = capsule(entry<metadata_handler<P>>);
-  d["kernelflow_mla_decode"] = capsule(entry<decode_handler<P>>);
-  d["kernelflow_mla_decode_checked"] = capsule(entry<decode_checked_handler<P>>);
-  d["kernelflow_cache_append"] = capsule(entry<append_handler<P>>);
-  d["kernelflow_cache_append_checked"] = capsule(entry<append_checked_handler<P>>);
-  d["kernelflow_cache_convert"] = capsule(entry<convert_handler<P>>);
+  d[kTargetNames[kMetadata]] = capsule(entry<metadata_handler<P>>);
+  d[kTargetNames[kDecode]] = capsule(entry<decode_handler<P>>);
+  d[kTargetNames[kDecodeChecked]] = capsule(entry<decode_checked_handler<P>>);
+  d[kTargetNames[kAppend]] = capsule(entry<append_handler<P>>);
+  d[kTargetNames[kAppendChecked]] = capsule(entry<append_checked_handler<P>>);
+  d[kTargetNames[kConvert]] = capsule(entry<convert_handler<P>>);
   return d;
 }
 
@@ -307,4 +327,10 @@ NB_MODULE(_jax_ffi, m) {
     d["CUDA"] = targets<Platform::kCuda>();
     return d;
   }, "{platform: {target name: handler capsule}} for jax.ffi.register_ffi_target.");
+  m.def("cuda_call_counts", [] {
+    nb::dict d;
+    for (int t = 0; t < kNumTargets; ++t)
+      d[kTargetNames[t]] = nb::make_tuple(g_counts[t].calls.load(), g_counts[t].captured.load());
+    return d;
+  }, "{target name: (calls, calls made while the stream was capturing)} of the CUDA handlers.");
 }

@@ -84,4 +84,16 @@ bool copy_bytes(void* dst, const void* src, size_t bytes, Place place) {
 #endif
 }
 
+bool stream_capturing(Place place) {
+#if KF_JAX_FFI_CUDA
+  if (place.device.device_type != kDLCUDA) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(static_cast<cudaStream_t>(place.stream), &status) == cudaSuccess &&
+         status == cudaStreamCaptureStatusActive;
+#else
+  (void)place;
+  return false;
+#endif
+}
+
 }  // namespace kf::jax_ffi

@@ -27,6 +27,10 @@ bool valid_format(int32_t kv_format);
 // was built without CUDA).
 bool copy_bytes(void* dst, const void* src, size_t bytes, Place place);
 
+// Whether the handler's stream is recording a CUDA graph (XLA's command buffers record a
+// compatible custom call by capturing its stream); false on the CPU and without CUDA.
+bool stream_capturing(Place place);
+
 class View {
  public:
   static constexpr int kMaxRank = 4;
