@@ -125,7 +125,7 @@ TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveThirtyTwoRows) {
   for (KvFormat f : kFormats) {
     for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
       const bool bits16 = f == KvFormat::kBF16 || f == KvFormat::kFP16;
-      EXPECT_EQ(kf::cuda::sm90a_kernel_runs(rows, f), bits16 && rows > 32)
+      EXPECT_EQ(kf::cuda::sm90a_kernel_runs(rows, f), bits16 && rows > 16)
           << "rows " << rows << " format " << int(f);
     }
   }

@@ -11,10 +11,11 @@ namespace kf::cuda {
 
 // Up to this many query rows (s_q * h_q) the portable kernels run the call: at 16 rows (h_q 16,
 // s_q 1) the decode is bound by the cache read, where the portable M16 kernel reads at the
-// device's ceiling and a 64-row wgmma tile would compute four times the rows; at 32 rows the
-// portable kernel took 0.88-0.97x the wgmma kernel's time on the H200 at every batch
-// (docs/optimization/sm90a.md).
-constexpr int kSm90aPortableMaxRows = 32;
+// device's ceiling and a 64-row wgmma tile would compute four times the rows. From 17 rows the
+// wgmma kernel is as fast or faster: at 32 rows (h_q 32; h_q 16 with s_q 2) on the H200 equal
+// within 1% at b 1 to 64 with s_k 4096, 4% faster at b 128, 1-13% faster with s_k 16384
+// (docs/optimization/sm90a.md, sm90a-rows-16).
+constexpr int kSm90aPortableMaxRows = 16;
 
 // 16-bit caches with more than kSm90aPortableMaxRows query rows; 8-bit caches have no sm_90a
 // kernel yet.

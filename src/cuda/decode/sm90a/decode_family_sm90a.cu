@@ -1,7 +1,7 @@
 // The sm_90a decode family: its wgmma kernel (mla_decode_sm90a.cuh) where sm90a_kernel_runs
-// (decode_config_sm90a.h: 16-bit caches, more than 32 query rows) and the cache has a tensor map
+// (decode_config_sm90a.h: 16-bit caches, more than 16 query rows) and the cache has a tensor map
 // (kv_tensor_map_sm90a.h: pages of 8 rows or more), the portable family's kernels for the rest
-// (32 rows or fewer; 8-bit caches; smaller pages), chosen explicitly here with their row tiles
+// (16 rows or fewer; 8-bit caches; smaller pages), chosen explicitly here with their row tiles
 // and blocks per SM.
 #include "cuda/decode/decode_family.h"
 #include "cuda/decode/sm90a/decode_config_sm90a.h"

@@ -13,15 +13,17 @@
 namespace kf::cuda::sm90a {
 
 // ---- tensor copies of a tile ----
-// A tile's pages: page_rows = min(page size, 64) tokens per copy, tile_pages = 64 / page_rows.
-// small_pages (pages of fewer than 64 rows) is the kernel's template argument kSmallPages, so
-// with larger pages the geometry is the constant (64, 1) and the divisions and loops over a
-// tile's pages fold away.
+// A tile's pages: page_rows = min(page size, 64) tokens per copy, tile_pages = 64 / page_rows;
+// one_page: a tile is one page's rows. small_pages (pages of fewer than 64 rows) is the kernel's
+// template argument kSmallPages, so with larger pages the geometry is the constant (64, 1, true)
+// and the divisions and loops over a tile's pages fold away.
 struct TileGeom {
   int page_rows, tile_pages;
+  bool one_page;
   __device__ __forceinline__ TileGeom(const MlaDecodeParams& p, bool small_pages)
       : page_rows(small_pages ? p.page_size : Tr::kBlockN),
-        tile_pages(small_pages ? Tr::kBlockN / p.page_size : 1) {}
+        tile_pages(small_pages ? Tr::kBlockN / p.page_size : 1),
+        one_page(!small_pages) {}
 };
 
 // The tensor-map page coordinate of page j of the tile at token tok of piece e: the block-table
@@ -71,6 +73,25 @@ __device__ __forceinline__ void issue_tile_copies(const MlaDecodeParams& p, cons
     if (j == 0) mbar_arrive_expect_tx(bar, Tr::kColBlockBytes);
     tma_load_3d(sm.slot(s) + cb * Tr::kColBlockBytes + j * tg.page_rows * 128, kv_map, cb * 64,
                 row_in_page, page_coord, bar);
+  }
+}
+
+// One thread: the copies of column blocks [kCb0, kCb1) of a tile that is one page's rows (page
+// coordinate page_coord, tile_page_coord of its page), unrolled; the call with block 8 first
+// stores the tile's token mask (all tokens, or none for a page addressed outside the tensor),
+// before it arms any barrier (see issue_tile_copies).
+template <int kCb0, int kCb1>
+__device__ __forceinline__ void issue_page_copies(const MlaDecodeParams& p, const Smem& sm,
+                                                  const void* kv_map, int s, int tok,
+                                                  int page_coord) {
+  if (kCb1 == Tr::kColBlocks) *sm.tok_ok(s) = page_coord == p.num_pages ? 0ull : ~0ull;
+  const int row_in_page = p.page_size > Tr::kBlockN ? (tok & (p.page_size - 1)) : 0;
+#pragma unroll
+  for (int cb = kCb0; cb < kCb1; ++cb) {
+    const uint32_t bar = sm.full(s, cb);
+    mbar_arrive_expect_tx(bar, Tr::kColBlockBytes);
+    tma_load_3d(sm.slot(s) + cb * Tr::kColBlockBytes, kv_map, cb * 64, row_in_page, page_coord,
+                bar);
   }
 }
 

@@ -25,10 +25,19 @@ struct PieceWalk {
 };
 
 // Warp 0 of each warpgroup: this warpgroup's part of the copies of the tile at token tok into
-// slot s (warpgroup 0: column blocks 0..3, warpgroup 1: 4..8), page coordinate coord.
+// slot s (warpgroup 0: column blocks 0..3, warpgroup 1: 4..8), page coordinate coord (lane 0's
+// alone when a tile is one page: that lane issues them all).
 __device__ __forceinline__ void issue_group_copies(const PieceWalk& w, int s, int tok, int coord,
                                                    const Lane& ln) {
   if (ln.gtid >= 32) return;
+  if (w.tg.one_page) {
+    if (ln.lane != 0) return;
+    if (ln.g == 0)
+      issue_page_copies<0, Tr::kOBlocksPerGroup>(w.p, w.sm, w.kv_map, s, tok, coord);
+    else
+      issue_page_copies<Tr::kOBlocksPerGroup, Tr::kColBlocks>(w.p, w.sm, w.kv_map, s, tok, coord);
+    return;
+  }
   if (ln.g == 0)
     issue_tile_copies<0, Tr::kOBlocksPerGroup>(w.p, w.sm, w.kv_map, s, tok, coord, w.tg, ln.lane);
   else
@@ -37,7 +46,7 @@ __device__ __forceinline__ void issue_group_copies(const PieceWalk& w, int s, in
 }
 // The page coordinate this lane of warp 0 copies from for issue_group_copies of the tile at tok.
 __device__ __forceinline__ int group_page_coord(const PieceWalk& w, int tok, const Lane& ln) {
-  if (ln.gtid >= 32) return w.p.num_pages;
+  if (ln.gtid >= 32 || (w.tg.one_page && ln.lane != 0)) return w.p.num_pages;
   const int blocks = ln.g == 0 ? Tr::kOBlocksPerGroup : Tr::kColBlocks - Tr::kOBlocksPerGroup;
   return lane_page_coord(w.p, w.e, tok, blocks, w.tg, ln.lane);
 }
