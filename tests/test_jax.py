@@ -475,8 +475,15 @@ def test_gpu_command_buffers_bits_equal_eager(rng):
 
 
 # XLA records a command-buffer-compatible custom call by capturing its stream: the handlers
-# count the calls they get while the stream is capturing (kernelflow.jax.cuda_call_counts).
+# count the calls they get while the stream is capturing (kernelflow.jax.cuda_call_counts). On
+# the H200 with jax 0.11.2 the decode and append handlers never ran on a capturing stream, with
+# the per-layer arrays sliced inside the step (XLA wraps those calls in dynamic-slice fusions)
+# or passed as separate arguments (the calls at the top level of the compiled HLO); the
+# metadata handler ran on one once in three calls of the sliced step.
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="jax 0.11.2 did not record the kernelflow decode and append "
+                   "custom calls into its command buffers on the H200 (their handlers never ran on "
+                   "a capturing stream)")
 def test_gpu_custom_calls_recorded_in_command_buffers(rng):
     gpu = jax_gpu()
     step = jax.jit(unrolled_step(16, SCALE, 3), compiler_options=COMMAND_BUFFERS)

@@ -109,6 +109,39 @@ def test_ops_match_plain_api(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_eager_fast_path_equals_dispatcher(device):
+    """kft's eager calls skip the dispatcher only where nothing could tell: the same bits and
+    version bumps as the registered ops, and the dispatcher under a profiler, a fake-tensor mode
+    or with a tensor that requires grad."""
+    step = Step(device)
+    q, cache = step.qs[0], step.caches[0]
+    meta = kft.get_mla_metadata(step.seqlens, H_Q, S_Q)
+    assert torch.equal(meta, torch.ops.kernelflow.get_mla_metadata(step.seqlens, H_Q, S_Q, None,
+                                                                   "bf16"))
+    args = (q, cache, step.block_table, step.seqlens, meta, SCALE)
+    out, lse = kft.mla_decode(*args)
+    want_out, want_lse = torch.ops.kernelflow.mla_decode(*args, None, None)
+    assert bits_equal(out, want_out) and bits_equal(lse, want_lse)
+    given_out, given_lse = torch.empty_like(out), torch.empty_like(lse)
+    versions = (given_out._version, given_lse._version)
+    kft.mla_decode_out(*args, given_out, given_lse)
+    assert bits_equal(given_out, out) and bits_equal(given_lse, lse)
+    assert (given_out._version, given_lse._version) > versions
+    assert kft._dispatch_free(q, cache, None)
+    with torch.profiler.profile() as prof:
+        assert not kft._dispatch_free(q)
+        kft.mla_decode(*args)
+    assert any(e.name == "kernelflow::mla_decode" for e in prof.events())
+    grad_q = q.detach().clone().requires_grad_()
+    assert not kft._dispatch_free(grad_q)
+    with torch.no_grad():
+        assert kft._dispatch_free(grad_q)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert not kft._dispatch_free(q)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_every_op(device):
     step = Step(device)
     q, kv, cache = step.qs[0], step.kvs[0], step.caches[0]

@@ -72,6 +72,36 @@ def _untraced(kernel):
     return run
 
 
+def _attr(obj, name: str, default):
+    return getattr(obj, name, default)
+
+
+# What the eager fast path below asks of torch; without an accessor the path is never taken.
+_dispatch_modes = _attr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_function_modes = _attr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+_functorch_active = _attr(torch._C, "_are_functorch_transforms_active", lambda: True)
+_profiling = _attr(torch.autograd, "_profiler_enabled", lambda: True)
+
+
+def _dispatch_free(*tensors) -> bool:
+    """Whether an eager call of an op on these arguments (None entries skipped) may run the op's
+    implementation directly instead of through the dispatcher: nothing the dispatcher serves
+    could see the call (no dispatch or function mode such as a fake-tensor mode, no functorch
+    transform, no profiler, no torch.compile frame callback), every tensor is a plain
+    torch.Tensor, and autograd has nothing to record (grad mode off, or no tensor requires
+    grad). The implementation is then the very function the dispatcher would call, with the
+    same checks, results and version-counter bumps, without the dispatcher's trip through C++
+    and back (docs/frameworks/pytorch.md, "Host overhead")."""
+    if (_dispatch_modes() or _function_modes() or _functorch_active() or _profiling()
+            or _eval_frame_callback() is not None):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
 def _define(schema: str, kernel, fake):
     """kernelflow::<name> with this schema: `kernel` its CPU and CUDA implementation (run
     untraced), `fake` its fake one; returns the op's overload."""
@@ -139,7 +169,10 @@ _METADATA = _define(
 def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
                      num_workers: Optional[int] = None, kv_format: str = "bf16") -> Tensor:
     """kernelflow.get_mla_metadata as a custom op: int32 [metadata_size(b, num_workers)] on
-    cache_seqlens' device; num_workers defaults to the library's default for that device."""
+    cache_seqlens' device; num_workers defaults to the library's default for that device.
+    An eager call runs the op's implementation directly when _dispatch_free allows."""
+    if not torch.compiler.is_compiling() and _dispatch_free(cache_seqlens):
+        return _metadata_kernel(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
     return _METADATA(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)
 
 
@@ -253,25 +286,34 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: 
     """kernelflow.mla_decode as a custom op: returns new (out [b, s_q, h_q, 512] in q's dtype,
     lse float32 [b, h_q, s_q]). Without a workspace (uint8, kernelflow.new_workspace) an eager
     call uses the one kept for the current stream (release_workspaces), and a compiled one, or
-    one inside a CUDA graph capture, allocates its own."""
+    one inside a CUDA graph capture, allocates its own. An eager call runs the op's
+    implementation directly when _dispatch_free allows."""
     args = (q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale), kv_format,
             workspace)
-    if workspace is not None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return _DECODE(*args)
-    return _eagerly(_DECODE, args)
+    op = _decode_kernel if _dispatch_free(q, kv_cache, block_table, cache_seqlens, metadata,
+                                          workspace) else _DECODE
+    return op(*args) if workspace is not None else _eagerly(op, args)
 
 
 def mla_decode_out(q: Tensor, kv_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                    metadata: Tensor, softmax_scale: float, out: Tensor, lse: Tensor,
                    kv_format: Optional[str] = None,
                    workspace: Optional[Tensor] = None) -> None:
-    """kernelflow.mla_decode writing into the given out and lse."""
+    """kernelflow.mla_decode writing into the given out and lse (an eager call runs the op's
+    implementation directly when _dispatch_free allows)."""
     args = (q, kv_cache, block_table, cache_seqlens, metadata, float(softmax_scale), kv_format,
             workspace, out, lse)
-    if workspace is not None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         _DECODE_OUT(*args)
+        return
+    op = _decode_out_kernel if _dispatch_free(q, kv_cache, block_table, cache_seqlens, metadata,
+                                              workspace, out, lse) else _DECODE_OUT
+    if workspace is not None:
+        op(*args)
     else:
-        _eagerly(_DECODE_OUT, args)
+        _eagerly(op, args)
 
 
 def release_workspaces() -> None:
