@@ -5,7 +5,9 @@ turn, so drift hits them alike).
 
 Cases, all on the same inputs (bf16, page 64, one request of --s-k tokens, --h-q heads, s_q 1):
   - kernelflow.mla_decode with out, lse and workspace given, and with them allocated;
-  - the torch ops (kernelflow.torch_ops): mla_decode_out (given) and mla_decode (allocated);
+  - the torch ops (kernelflow.torch_ops): mla_decode_out (given) and mla_decode (allocated),
+    whose eager calls skip the dispatcher where nothing could tell (torch_ops._dispatch_free),
+    and the registered op torch.ops.kernelflow.mla_decode called through the dispatcher;
   - the metadata: kernelflow.get_mla_metadata and its torch op;
   - FlashMLA's flash_mla_with_kvcache (it allocates its outputs) and get_mla_metadata when
     `import flash_mla` works (reported absent otherwise);
@@ -100,6 +102,9 @@ def our_cases(t: Inputs) -> dict:
                                                        workspace=t.workspace)),
         "op_decode_allocated": ("torch op mla_decode, outputs allocated",
                                 lambda: kft.mla_decode(*args)),
+        "dispatcher_decode_allocated": (
+            "torch.ops.kernelflow.mla_decode (the registered op, through the dispatcher), "
+            "outputs allocated", lambda: torch.ops.kernelflow.mla_decode(*args, None, None)),
         "metadata": ("kernelflow.get_mla_metadata", lambda: kf.get_mla_metadata(t.seqlens, t.h_q, 1)),
         "op_metadata": ("torch op get_mla_metadata",
                         lambda: kft.get_mla_metadata(t.seqlens, t.h_q, 1)),
