@@ -11,19 +11,16 @@
 // How (mla_decode_sm90a_traits.h for the layout): a piece's tiles are taken two at a time, A
 // (slot 0) and B (slot 1). Warpgroup 0 scores A, warpgroup 1 scores B (S = Q K^T, 64 x 64 over
 // all 576 dims), and the running row max m is shared through shared memory:
-//   wg 0  m_A = raised(m, max S_A), scale_A = 2^(m - m_A), P_A = 2^(S_A - m_A) (to shared memory);
+//   wg 0  m_A = max(m, max S_A), scale_A = 2^(m - m_A), P_A = 2^(S_A - m_A);
 //         O_L = scale_A O_L + P_A V_A,L                      (P_A from registers)
-//   wg 1  m_B = raised(m_A, max S_B), scale_B = 2^(m_A - m_B), P_B = 2^(S_B - m_B);
-//         O_R = scale_B (scale_A O_R + P_A V_A,R) + P_B V_B,R  (P_A from shared memory, P_B from
-//         registers; with scale_B = 1 in every row, the common case, the two products run back
-//         to back)
+//   wg 1  m_B = max(m_A, max S_B), scale_B = 2^(m_A - m_B), P_B = 2^(S_B - m_B);
+//         O_R = scale_A scale_B O_R + (scale_B P_A) V_A,R    (P_A scaled, from shared memory)
+//         O_R = O_R + P_B V_B,R                              (P_B from registers)
 //   wg 0  O_L = scale_B O_L + P_B V_B,L                      (P_B from shared memory)
 // (V_x,L / V_x,R: dims 0..255 / 256..511 of tile x), the online softmax of docs/spec.md with the
 // max and the rescale split between the two warpgroups, so one warpgroup's softmax runs while
-// the other's matrix products keep the tensor cores busy. The max is raised lazily
-// (raised_max, sm90a_softmax.cuh: only past a factor 2^8), so most steps rescale nothing. Each
-// warpgroup sums l over its own tile's P (relative to the latest m); the epilogue adds the two
-// in a fixed order.
+// the other's matrix products keep the tensor cores busy. Each warpgroup sums l over its own
+// tile's P (relative to the latest m); the epilogue adds the two in a fixed order.
 // Copies: the cache is read by tensor copies (TMA) of one column block (64 dims) of one page's
 // rows, through a 3-D tensor map [pages][page rows][576] (kv_tensor_map_sm90a.h), each column
 // block of a slot with its own mbarrier, so a warpgroup starts on a tile's first dims while the
@@ -32,16 +29,14 @@
 // block-table entry is out of range are addressed outside the tensor (zero-filled); the latter
 // are reported and their tokens masked. Tokens of the piece's last tile past its end are masked
 // in S, and their V rows are zeroed before P V, so NaN in page padding never reaches an MMA.
-// Synchronization, all through mbarriers but for the named barriers and __syncthreads: per
-// column block, the slot's mbarrier (tensor copies -> the warpgroup that scores the tile);
-// between the two warpgroups the three hand-offs of a step (Handoff: kScaleA m_A, scale_A and
-// P_A stored, kScaleB m_B, scale_B and P_B, kPaRead warpgroup 1's product with P_A complete),
-// each arrived on by every thread of its producer (release) and waited on by the other
-// warpgroup (acquire); a warpgroup's own mbarrier after it zeroes V rows; kBarBoth (bar.sync,
-// all 256 threads) around each piece's Q and in the epilogue; kBarGroup1 (bar.red, warpgroup
-// 1) for its vote on scale_B; __syncthreads between rounds of pieces. A warpgroup that signals
-// a hand-off of step i + 1 has waited for one the other signalled after seeing that hand-off's
-// step i, so no phase completes twice unseen.
+// Synchronization, all through mbarriers but for kBarBoth and __syncthreads: per column block,
+// the slot's mbarrier (tensor copies -> the warpgroup that scores the tile); between the two
+// warpgroups the four hand-offs of a step (Handoff: kScaleA m_A and scale_A stored, kScaleB m_B
+// and scale_B, kPa P_A, kPb P_B), each arrived on by every thread of its producer (release) and
+// waited on by the other warpgroup (acquire); a warpgroup's own mbarrier after it zeroes V rows;
+// kBarBoth (bar.sync, all 256 threads) around each piece's Q and in the epilogue; __syncthreads
+// between rounds of pieces. A warpgroup that signals a hand-off of step i + 1 has waited for one
+// the other signalled after seeing that hand-off's step i, so no phase completes twice unseen.
 // The other warpgroup's tile is read only after a hand-off that its scorer signalled after
 // waiting for the tile's copies.
 // The block is launched as a programmatic dependent (pdl.cuh) like the portable kernel.

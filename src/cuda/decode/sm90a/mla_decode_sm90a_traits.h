@@ -46,9 +46,9 @@ struct MlaSm90aTraits {
   static constexpr int kScaleBOff = kScaleAOff + kBlockM * 4;  // float [kBlockM]
   static constexpr int kRowSumOff = kScaleBOff + kBlockM * 4;  // float [2 groups][kBlockM]
   static constexpr int kBarOff = kRowSumOff + 2 * kBlockM * 4;  // full[2 slots][kColBlocks]
-  static constexpr int kHandoffs = 3;  // mbarriers of the hand-offs between the warpgroups
+  static constexpr int kHandoffs = 4;  // mbarriers of the hand-offs between the warpgroups
   static constexpr int kHandoffOff = kBarOff + 2 * kColBlocks * 8;  // [kHandoffs]
-  static constexpr int kGroupBarOff = kHandoffOff + (kHandoffs + 1) / 2 * 16;  // [2 groups]
+  static constexpr int kGroupBarOff = kHandoffOff + kHandoffs * 8;  // [2 warpgroups]
   static constexpr int kTokOkOff = kGroupBarOff + 2 * 8;  // uint64 [2 slots]
   static constexpr int kPieceOff = kTokOkOff + 2 * 8;
   static constexpr int kPieceBytes = kMaxPieces * 32 + 16;  // + count words

@@ -12,21 +12,18 @@
 namespace kf::cuda::sm90a {
 
 using Tr = MlaSm90aTraits;
-// The named barriers (0 is __syncthreads): kBarBoth, both warpgroups, every thread;
-// kBarGroup1, warpgroup 1's threads (its rescale vote, group_all).
+// The one named barrier (0 is __syncthreads): both warpgroups, every thread.
 constexpr int kBarBoth = 1;
-constexpr int kBarGroup1 = 2;
 constexpr int kGroupThreads = 128;
 // The hand-offs from one warpgroup to the other, each an mbarrier that every thread of the
 // producing warpgroup arrives on (release) and the other waits on (acquire), once per step:
-// kScaleA (warpgroup 0: m_A and scale_A stored, P_A in P tile 0), kScaleB (1: m_B and scale_B
-// stored, P_B in P tile 1), kPaRead (1: its product with P tile 0 has completed, so warpgroup 0
-// may write the next P_A there).
-enum Handoff : int { kScaleA = 0, kScaleB = 1, kPaRead = 2 };
+// kScaleA (warpgroup 0: m_A and scale_A stored), kScaleB (1: m_B and scale_B), kPa (0: P_A),
+// kPb (1: P_B, steps with a tile B).
+enum Handoff : int { kScaleA = 0, kScaleB = 1, kPa = 2, kPb = 3 };
 // Bits of a thread's phase word: the parity of the slot barriers it waits on next, of each
 // hand-off it waits on next (kHandoffBit << k) and of its warpgroup's barrier.
-constexpr uint32_t kSlotBit = 1u, kHandoffBit = 2u, kGroupBit = kHandoffBit << 3;
-static_assert(Tr::kHandoffs == 3, "kGroupBit follows the three hand-off bits");
+constexpr uint32_t kSlotBit = 1u, kHandoffBit = 2u, kGroupBit = 2u << 4;
+static_assert(Tr::kHandoffs == 4, "kGroupBit follows the four hand-off bits");
 
 // Byte offset of 16-byte chunk `chunk` (0 .. 71) of row `row` in a Q or KV tile.
 __device__ __forceinline__ uint32_t tile_chunk_offset(int row, int chunk) {
@@ -92,17 +89,6 @@ __device__ __forceinline__ void handoff_wait(const Smem& sm, Handoff k, uint32_t
   const uint32_t bit = kHandoffBit << k;
   mbar_wait(sm.handoff(k), (ph & bit) ? 1u : 0u);
   ph ^= bit;
-}
-// Warpgroup 1 alone (every thread): whether pred holds in all of its threads.
-__device__ __forceinline__ bool group1_all(bool pred) {
-  uint32_t all;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(all)
-      : "r"(uint32_t(pred)), "n"(kBarGroup1), "n"(kGroupThreads)
-      : "memory");
-  return all != 0;
 }
 // Warpgroup g alone: every thread's earlier shared-memory writes are visible to all of it.
 __device__ __forceinline__ void group_sync(const Smem& sm, int g, uint32_t& ph) {

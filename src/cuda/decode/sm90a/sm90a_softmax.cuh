@@ -20,20 +20,11 @@ struct RowState {
   float l[2];
 };
 
-// The running max is raised lazily: only to a value more than kMaxRise (log2 units) above it, so
-// P stays below 2^kMaxRise (exact in P's q dtype up to its rounding) and most steps change no
-// row's max, leaving O, l and the other warpgroup's P unscaled (factor 1). The result is the
-// same softmax: O and l are relative to the same m, whichever it is.
-constexpr float kMaxRise = 8.f;
-__device__ __forceinline__ float raised_max(float m, float x) {
-  return x > m + kMaxRise ? x : m;
-}
-
 // The scores of one tile (token tok at column 0) turned into P in place, for the running max
 // m_prev of each row (log2 units, shared memory). A score is seen when its token is copied
 // (tok_ok bit) and inside the row's limit; unseen ones give p = 0. The row's tile max in log2
-// units is max(seen) scale log2(e) (min(seen) for a negative scale), m_new = raised_max(m_prev,
-// it) (NaN scores do not count), p = 2^(score scale log2(e) - m_new) (m_new = -inf counts as 0, so no
+// units is max(seen) scale log2(e) (min(seen) for a negative scale), m_new = max(m_prev, it)
+// (fmaxf skips NaN), p = 2^(score scale log2(e) - m_new) (m_new = -inf counts as 0, so no
 // (-inf) - (-inf)). A seen infinite score makes every p of its row NaN, and a NaN score its own
 // p, so a row that sees a non-finite score turns NaN, as in the portable kernel. Tiles inside
 // both rows' limits with every page copied (all but a piece's last tiles and bad pages) take a
@@ -74,7 +65,7 @@ __device__ __forceinline__ void tile_softmax(float (&s)[32], const RowState& st,
       lo[h] = fminf(lo[h], __shfl_xor_sync(0xffffffffu, lo[h], d));
     }
     const float tile_max = scale_log2 >= 0.f ? hi[h] * scale_log2 : lo[h] * scale_log2;
-    m_new[h] = raised_max(m_prev[h], tile_max);
+    m_new[h] = fmaxf(m_prev[h], tile_max);
     const bool infinite = hi[h] == INFINITY || lo[h] == -INFINITY;
     m_use[h] = infinite ? NAN : (m_new[h] == -INFINITY ? 0.f : m_new[h]);
     psum[h] = 0.f;
@@ -137,7 +128,7 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[16])
 // One stmatrix (four 8 x 8 matrices) per k16 step: matrix i of step kt is rows 8 (i % 2) .. of
 // the warp's 16, tokens 16 kt + 8 (i / 2) .., whose fragment is pa[4 kt + i]; lane l gives the
 // address of row l % 8 of matrix l / 8. Then the async-proxy fence, so the other warpgroup's
-// wgmma reads them after the hand-off that follows (kScaleA or kScaleB).
+// wgmma reads them after the hand-off that follows (kPa or kPb).
 __device__ __forceinline__ void store_p(const uint32_t (&pa)[16], const Smem& sm, int ps,
                                         const Lane& ln) {
   const uint32_t tile = sm.p_tile(ps);

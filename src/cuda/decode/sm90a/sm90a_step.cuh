@@ -79,20 +79,19 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   const StepTiles t(w, i, ln);
   if (t.tok_a + Tr::kBlockN > w.e.end) zero_v_rows(sm, 0, w.e.end - t.tok_a, ln, ph);
 
-  // m_A, scale_A and P_A (unscaled) for warpgroup 1; O_L = scale_A O_L + P_A V_A,L.
+  // m_A, scale_A, P_A; O_L = scale_A O_L + P_A V_A,L.
   float m_prev[2], m_new[2], psum[2], f[2];
   read_row_max(sm, ln, m_prev);
   tile_softmax(s, st, m_prev, m_new, psum, *sm.tok_ok(0), t.tok_a, w.scale_log2, ln);
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
   store_row_max(sm, ln, 0, m_new, f);
-  uint32_t pa[16];
-  pack_p<T>(s, pa);
-  store_p(pa, sm, 0, ln);
   handoff_arrive(sm, kScaleA);
   scale_rows(o, f);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * f[h] + psum[h];
+  uint32_t pa[16];
+  pack_p<T>(s, pa);
   issue_pv_regs<T>(o, pa, sm, 0, 0);
   wgmma_wait<0>();
   reg_fence_all(o);
@@ -100,18 +99,22 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   // with tile 2 i + 2.
   if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
 
-  // scale_B and P_B from warpgroup 1: O_L = scale_B O_L + P_B V_B,L.
+  // scale_B from warpgroup 1: P_A scaled by it for warpgroup 1's P_A V_A,R; O_L = scale_B O_L +
+  // P_B V_B,L.
   handoff_wait(sm, kScaleB, ph);
   const float fb[2] = {sm.scale(1)[ln.rbase], sm.scale(1)[ln.rbase + 8]};
+#pragma unroll
+  for (int j = 0; j < 32; ++j) s[j] *= fb[(j >> 1) & 1];
+  pack_p<T>(s, pa);
+  store_p(pa, sm, 0, ln);
+  handoff_arrive(sm, kPa);
   scale_rows(o, fb);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] *= fb[h];
-  // s is dead until the next scores; a use of its values here keeps ptxas from serializing
-  // every wgmma of the kernel (warning C7515), which it does when s's last use precedes
-  // P_A V_A,L.
-#pragma unroll
-  for (int j = 0; j < 32; ++j) s[j] *= fb[(j >> 1) & 1];
-  if (t.has_b) issue_pv_smem<T>(o, sm, 1, 1, 0);
+  if (t.has_b) {
+    handoff_wait(sm, kPb, ph);
+    issue_pv_smem<T>(o, sm, 1, 1, 0);
+  }
   // S of tile 2 i + 2: its blocks 0..3 (copied first) while P_B V_B,L runs; once that completed,
   // slot 1's blocks 0..3 are refilled with tile 2 i + 3; then blocks 4..8.
   if (t.has_a2) issue_scores<T, 0, Tr::kOBlocksPerGroup, 0, true>(s, q8, sm, 0, ph & kSlotBit);
@@ -130,8 +133,6 @@ __device__ __forceinline__ void step_group0(const PieceWalk& w, int i, float (&s
   wgmma_wait<0>();
   reg_fence_all(o);
   reg_fence_all(s);
-  // The next step writes P tile 0 again: warpgroup 1's product with this step's P_A is done.
-  handoff_wait(sm, kPaRead, ph);
 }
 
 // Warpgroup 1's part of step i (t: StepTiles, t.has_b = kHasB): on entry s holds S_B (when tile
@@ -148,9 +149,9 @@ __device__ __forceinline__ void step_group1_impl(const PieceWalk& w, float (&s)[
   if (t.has_b && t.tok_b + Tr::kBlockN > w.e.end) zero_v_rows(sm, 1, w.e.end - t.tok_b, ln, ph);
 
   // P_B against tile B's own row max m_loc first, while warpgroup 0 still works on tile A's
-  // softmax; once m_A is in, m_B = raised_max(m_A, m_loc) and P_B, its sum scaled by
-  // 2^(m_loc - m_B) (0 for a row that sees nothing of tile B; a row with a non-finite score
-  // stays NaN). No tile B: P_B = 0, m_B = m_A.
+  // softmax; once m_A is in, m_B = max(m_A, m_loc) and P_B, its sum scaled by 2^(m_loc - m_B)
+  // (0 for a row that sees nothing of tile B; a row with a non-finite score stays NaN). No tile
+  // B: P_B = 0, m_B = m_A.
   float m_loc[2] = {-INFINITY, -INFINITY}, psum[2] = {0.f, 0.f};
   if (t.has_b) {
     const float none[2] = {-INFINITY, -INFINITY};
@@ -159,9 +160,8 @@ __device__ __forceinline__ void step_group1_impl(const PieceWalk& w, float (&s)[
   handoff_wait(sm, kScaleA, ph);
   float m_prev[2], m_new[2], f[2];
   read_row_max(sm, ln, m_prev);
-  const float fa[2] = {sm.scale(0)[ln.rbase], sm.scale(0)[ln.rbase + 8]};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) m_new[h] = raised_max(m_prev[h], m_loc[h]);
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_prev[h], m_loc[h]);
   if (t.has_b) {
     float c[2];
 #pragma unroll
@@ -175,35 +175,31 @@ __device__ __forceinline__ void step_group1_impl(const PieceWalk& w, float (&s)[
   f[0] = rescale_factor(m_prev[0], m_new[0]);
   f[1] = rescale_factor(m_prev[1], m_new[1]);
   store_row_max(sm, ln, 1, m_new, f);
+  handoff_arrive(sm, kScaleB);
+  const float fo[2] = {sm.scale(0)[ln.rbase] * f[0], sm.scale(0)[ln.rbase + 8] * f[1]};
+  scale_rows(o, fo);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * fo[h] + psum[h];
   uint32_t pb[16];
   if (t.has_b) {
     pack_p<T>(s, pb);
     store_p(pb, sm, 1, ln);
   }
-  handoff_arrive(sm, kScaleB);
-  // O_R = scale_B (scale_A O_R + P_A V_A,R) + P_B V_B,R. Mostly no row's max moved (scale_B = 1
-  // in all 64 rows): both products are issued back to back. Otherwise O_R is scaled by scale_B
-  // between them. P_A V_A,R is slot 0's last read: once it completed, slot 0's blocks 4..8 are
-  // refilled with tile 2 i + 2 (which warpgroup 0 scores first in the next step) and P tile 0
-  // is released; after P_B V_B,R, slot 1's blocks 4..8 with tile 2 i + 3; then S of tile
-  // 2 i + 3. Without a tile B an empty group stands for P_B V_B,R, so the waits count the same.
-  const bool unscaled = !t.has_b || group1_all(f[0] == 1.f && f[1] == 1.f);
-  scale_rows(o, fa);
+  // O_R += (scale_B P_A) V_A,R first: it is slot 0's last read, so slot 0's blocks 4..8 are
+  // refilled with tile 2 i + 2 (which warpgroup 0 scores first in the next step) as early as the
+  // hand-off of P_A allows; then O_R += P_B V_B,R, after which slot 1's blocks 4..8 are refilled
+  // with tile 2 i + 3; then S of tile 2 i + 3. P_B is stored (and fenced) for warpgroup 0.
+  // Without a tile B an empty group stands for P_B V_B,R, so the waits below count the same.
+  handoff_wait(sm, kPa, ph);
   issue_pv_smem<T>(o, sm, 0, 0, 1);
-  if (!unscaled) {
-    wgmma_wait<0>();
-    reg_fence_all(o);
-    scale_rows(o, f);
-  }
-  if (t.has_b)
+  if (t.has_b) {
+    handoff_arrive(sm, kPb);
     issue_pv_regs<T>(o, pb, sm, 1, 1);
-  else
+  } else {
     wgmma_commit();
+  }
   wgmma_wait<1>();
-  handoff_arrive(sm, kPaRead);
   if (t.has_a2) issue_group_copies(w, 0, t.tok_a + 2 * Tr::kBlockN, t.coord_a2, ln);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * (fa[h] * f[h]) + psum[h];
   wgmma_wait<0>();
   if (t.has_b2) issue_group_copies(w, 1, t.tok_b + 2 * Tr::kBlockN, t.coord_b2, ln);
   if (t.has_b2) {
