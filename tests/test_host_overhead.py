@@ -18,6 +18,7 @@ pytestmark = pytest.mark.needs_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"decode_given", "decode_allocated", "op_decode_given", "op_decode_allocated",
+         "dispatcher_decode_allocated",
          "metadata", "op_metadata", "torch_add"}
 
 
