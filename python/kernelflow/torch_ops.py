@@ -72,15 +72,11 @@ def _untraced(kernel):
     return run
 
 
-def _attr(obj, name: str, default):
-    return getattr(obj, name, default)
-
-
 # What the eager fast path below asks of torch; without an accessor the path is never taken.
-_dispatch_modes = _attr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
-_function_modes = _attr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
-_functorch_active = _attr(torch._C, "_are_functorch_transforms_active", lambda: True)
-_profiling = _attr(torch.autograd, "_profiler_enabled", lambda: True)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+_profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)
 
 
 def _dispatch_free(*tensors) -> bool:
