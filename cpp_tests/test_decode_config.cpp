@@ -119,9 +119,9 @@ void for_each_device(const BuildArchs& b, Check check) {
   }
 }
 
-// 16-bit caches above 32 rows run the sm_90a kernel in 64-row tiles; 32 rows or fewer and every
+// 16-bit caches above 16 rows run the sm_90a kernel in 64-row tiles; 16 rows or fewer and every
 // 8-bit cache run the portable kernels.
-TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveThirtyTwoRows) {
+TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   for (KvFormat f : kFormats) {
     for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
       const bool bits16 = f == KvFormat::kBF16 || f == KvFormat::kFP16;

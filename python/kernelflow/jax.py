@@ -79,7 +79,7 @@ def cuda_call_counts() -> dict:
     calling the handler, so neither count moves then. A diagnostic: it shows whether XLA put
     the calls into its CUDA graphs (XLA_FLAGS or compiler_options
     xla_gpu_enable_command_buffer with CUSTOM_CALL) or ran them one by one."""
-    return {name: tuple(count) for name, count in _jax_ffi.cuda_call_counts().items()}
+    return dict(_jax_ffi.cuda_call_counts())
 
 
 _SIXTEEN_BIT = ("bfloat16", "float16")

@@ -191,7 +191,8 @@ constexpr const char* kTargetNames[kNumTargets] = {
 
 // Per CUDA target: the handler's calls, and those made while its stream was capturing (XLA
 // recording the call into a command buffer). Replays of a recorded command buffer run the
-// kernels without calling the handler, so neither count moves then.
+// kernels without calling the handler, so neither count moves then. The cost per call: two
+// relaxed atomic increments and one cudaStreamIsCapturing query.
 struct CallCount {
   std::atomic<uint64_t> calls{0}, captured{0};
 };
