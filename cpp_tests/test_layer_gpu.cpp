@@ -411,30 +411,53 @@ void run_gemm_case(const GemmCase& c, std::mt19937_64& rng) {
   for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(dy[i]->read(), first[i]) << "job " << i;
   for (int32_t v : counters.read()) ASSERT_EQ(v, 0) << "split counters left non-zero";
 
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const HostJob& j = jobs[i];
-    const std::vector<uint16_t>& y = first[i];
-    int bad = 0;
-    for (int m = 0; m < c.m; ++m)
-      for (int64_t col = 0; col < j.ldy; ++col) {
-        const int z = int(col / j.y_z), n = int(col % j.y_z);
-        const uint16_t got = y[size_t(m) * j.ldy + col];
-        if (z >= c.num_z || n >= j.n) {  // padding: untouched
-          if (got != kCanary16 && ++bad <= 5) ADD_FAILURE() << "wrote padding m " << m << " col " << col;
-          continue;
+  auto expect_matches_cpu = [&](const std::vector<std::vector<uint16_t>>& ys, const char* path) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const HostJob& j = jobs[i];
+      const std::vector<uint16_t>& y = ys[i];
+      int bad = 0;
+      for (int m = 0; m < c.m; ++m)
+        for (int64_t col = 0; col < j.ldy; ++col) {
+          const int z = int(col / j.y_z), n = int(col % j.y_z);
+          const uint16_t got = y[size_t(m) * j.ldy + col];
+          if (z >= c.num_z || n >= j.n) {  // padding: untouched
+            if (got != kCanary16 && ++bad <= 5)
+              ADD_FAILURE() << path << ": wrote padding m " << m << " col " << col;
+            continue;
+          }
+          double want = 0, sum_abs = 0;
+          for (int k = 0; k < c.k; ++k) {
+            const double p = from_bf16(x[size_t(m) * ldx + z * x_z + k]) * j.wv(c, z, n, k);
+            want += p;
+            sum_abs += std::fabs(p);
+          }
+          if (!close_bf16(bf(got), want, sum_abs) && ++bad <= 5)
+            ADD_FAILURE() << path << ": job " << i << " m " << m << " z " << z << " n " << n
+                          << ": " << bf(got) << " vs " << want;
         }
-        double want = 0, sum_abs = 0;
-        for (int k = 0; k < c.k; ++k) {
-          const double p = from_bf16(x[size_t(m) * ldx + z * x_z + k]) * j.wv(c, z, n, k);
-          want += p;
-          sum_abs += std::fabs(p);
-        }
-        if (!close_bf16(bf(got), want, sum_abs) && ++bad <= 5)
-          ADD_FAILURE() << "job " << i << " m " << m << " z " << z << " n " << n << ": " << bf(got)
-                        << " vs " << want;
-      }
-    EXPECT_EQ(bad, 0) << "job " << i;
-  }
+      EXPECT_EQ(bad, 0) << path << ": job " << i;
+    }
+  };
+  expect_matches_cpu(first, "default launch");
+
+  // A split wide launch adds its splits within clusters where the device has them. Through
+  // global memory (outputs poisoned again) it must match the CPU too, and give the same bits
+  // when the split is the same (at most 8 splits).
+  GemmLaunch planned = g;
+  ASSERT_TRUE(kf::cuda::plan_gemm(planned, c.layout));
+  if (planned.narrow || planned.splits == 1) return;
+  for (size_t i = 0; i < jobs.size(); ++i) CUDA_OK(dy[i]->put(jobs[i].y));
+  GemmLaunch global = g;
+  global.global_reduce = true;
+  CUDA_OK(kf::cuda::launch_skinny_gemm(global, c.layout, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int32_t v : counters.read()) ASSERT_EQ(v, 0) << "split counters left non-zero";
+  std::vector<std::vector<uint16_t>> through_global;
+  for (auto& d : dy) through_global.push_back(d->read());
+  expect_matches_cpu(through_global, "global-memory split sum");
+  if (planned.splits <= 8)
+    for (size_t i = 0; i < jobs.size(); ++i)
+      EXPECT_EQ(through_global[i], first[i]) << "job " << i << ": the two split sums differ";
 }
 
 TEST(GpuLayerGemm, MatchesCpuLoop) {
@@ -458,6 +481,7 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
       {2, 1536, WeightLayout::kNK, {3072}, 1},         // q_b of a q_lora model
       {32, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 17..32 rows: 48 KB of stages
       {24, 128, WeightLayout::kKN, {512}, 16},
+      {40, 1024, WeightLayout::kNK, {61}, 1},          // one tile, 12 splits (8 in a cluster), 61 columns
   };
   for (const GemmCase& c : cases) run_gemm_case(c, rng);
 }
@@ -496,7 +520,8 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
 
 // Weight-read bandwidth of the V2-Lite layer's GEMMs, each on 27 layers' distinct weights (so
 // the weights come from DRAM, not L2) captured in one CUDA graph, at b = 1, 8, 32, 64: printed
-// as microseconds per GEMM and GB/s of weights. A measurement, run only when asked
+// as microseconds per GEMM and GB/s of weights, the wide kernel's split launches (b 32, 64) also
+// with the splits added through global memory. A measurement, run only when asked
 // (KF_LAYER_GEMM_BENCH=1): it checks that every launch succeeds.
 TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
   KF_REQUIRE_GPU();
@@ -526,7 +551,9 @@ TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
     Dev<uint16_t> w(w_elems * kLayers);
     ASSERT_TRUE(w.ok());
     CUDA_OK(cudaMemset(w.get(), 0x3c, w_elems * kLayers * 2));  // bf16 0.0115
-    for (int m : {1, 8, 32, 64}) {
+    for (int m : {1, 8, 32, 64})
+    for (bool global : {false, true}) {
+      if (global && m <= kf::cuda::kGemmNarrowMaxM) continue;  // the narrow kernel does not split
       Dev<uint16_t> x(size_t(m) * kind.k * kind.num_z), y(size_t(m) * 4096 * kind.num_z);
       Dev<float> scratch(kf::layer_gemm_scratch_floats(kf::LayerDims{}, m));
       Dev<int32_t> counters(std::vector<int32_t>(kf::kLayerGemmBlocks / 2, 0));
@@ -540,6 +567,7 @@ TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
         g.k = kind.k;
         g.scratch = scratch.get();
         g.counters = counters.get();
+        g.global_reduce = global;
         g.num_jobs = int(kind.n.size());
         const uint16_t* wl = w.get() + l * w_elems;
         int64_t col = 0;
@@ -572,7 +600,8 @@ TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
       float ms = 0.f;
       CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
       const double us = 1e3 * ms / (kReps * kLayers);
-      std::printf("%-28s %5d %10.2f %10.0f\n", kind.name, m, us, w_elems * 2 / (us * 1e3));
+      std::printf("%-28s %5d %10.2f %10.0f%s\n", kind.name, m, us, w_elems * 2 / (us * 1e3),
+                  global ? "  (splits added through global memory)" : "");
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
       for (int32_t v : counters.read()) ASSERT_EQ(v, 0);

@@ -53,6 +53,9 @@ struct GemmLaunch {
   int m, k;
   float* scratch;     // split partials: layer_gemm_scratch_floats(dims, m) floats
   int32_t* counters;  // kLayerGemmBlocks / 2 ints, zero before the first launch (kept zero)
+  // Add the splits through scratch and counters even where the device has clusters (the
+  // stand-alone wide launch adds them within a cluster there): for the tests of that path.
+  bool global_reduce;
   // Filled by plan_gemm.
   int tiles, splits;
   bool narrow;  // the narrow kernel (then splits == 1)

@@ -1,9 +1,11 @@
 // The skinny GEMM as a launch of its own (the projections and the output absorption), and the
 // launch plan every GEMM of the layer shares. Two kernels: up to kGemmNarrowMaxM rows of a W[n][k]
 // weight over at most kGemmNarrowMaxK k, skinny_gemm_narrow.cuh's block (16 columns over all of K); otherwise skinny_gemm.cuh's
-// (64 columns x all M rows over a share of K). Both: 4 warps, cp.async stages in shared memory.
+// (64 columns x all M rows over a share of K; its splits added within a thread-block cluster on
+// sm_90+). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"
@@ -17,6 +19,14 @@ __global__ void __launch_bounds__(kGemmThreads)
     skinny_gemm_kernel(const __grid_constant__ GemmLaunch g) {
   extern __shared__ __align__(128) uint8_t smem[];
   gemm_block<MT, L>(g, blockIdx.x, smem);
+}
+
+// The same GEMM launched in clusters of `splits` blocks, one tile per cluster (sm_90+).
+template <int MT, WeightLayout L>
+__global__ void __launch_bounds__(kGemmThreads)
+    skinny_gemm_cluster_kernel(const __grid_constant__ GemmLaunch g) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  gemm_block<MT, L, true>(g, blockIdx.x, smem);
 }
 
 template <int MT>
@@ -45,15 +55,26 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
                   : run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
 }
 
+// A split launch adds its splits within clusters where the device has them (at most
+// kMaxPortableClusterBlocks splits then), through global memory otherwise.
 template <WeightLayout L>
-cudaError_t launch_layout(const GemmLaunch& g, cudaStream_t stream) {
+cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
+  const bool cluster = g.splits > 1 && !g.global_reduce && device_has_clusters();
+  if (cluster && g.splits > kMaxPortableClusterBlocks) g.splits = kMaxPortableClusterBlocks;
   return with_gemm_mt(g.m, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
+    constexpr int smem = GemmShape<MT>::kSmemBytes;
+    const dim3 grid(g.tiles * g.splits), block(kGemmThreads);
+    if (cluster) {
+      auto kernel = skinny_gemm_cluster_kernel<MT, L>;
+      const cudaError_t err = allow_smem(kernel, smem);
+      if (err != cudaSuccess) return err;
+      return launch_pdl_clustered(kernel, grid, block, smem, stream, g.splits, g);
+    }
     auto kernel = skinny_gemm_kernel<MT, L>;
-    const cudaError_t err = allow_smem(kernel, GemmShape<MT>::kSmemBytes);
+    const cudaError_t err = allow_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    return launch_pdl(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads),
-                      GemmShape<MT>::kSmemBytes, stream, g);
+    return launch_pdl(kernel, grid, block, smem, stream, g);
   });
 }
 

@@ -3,7 +3,8 @@
 //
 // Tiling. A block of 4 warps computes one output tile of 64 columns (n) for all M rows, over
 // its share of K: the launch splits K across blocks (core/layer_workspace.h) so that the tiles
-// of a launch give about 264 blocks. Block b is tile b % tiles, split b / tiles. The weight is
+// of a launch give about 264 blocks. Block b is tile b % tiles, split b / tiles (launched in
+// clusters: tile b / splits, split b % splits). The weight is
 // the mma's A operand (mma.sync m16n8k16: 16 weight rows n x 16 k), the activations its B
 // operand (8 rows m of X): warp w owns columns [16 w, 16 w + 16) of the tile and MT = M / 8
 // (rounded up to a power of two) accumulator tiles of 16 x 8, 4 floats per thread each.
@@ -21,18 +22,26 @@
 // depend on the previous kernel), X after; the next kernel may launch once the main loop is
 // done. Every block waits, so a kernel's completion implies its predecessors'.
 //
-// Split K: each split stores its fp32 partial tile [M][64] to the scratch; the block that
-// brings a tile's counter to `splits` (the last to arrive, after __threadfence) adds the
-// partials in split order, writes bf16 Y and resets the counter to zero for the next launch.
-// The sum order never depends on which block arrives last: replays give the same bits.
+// Split K, two ways of adding the splits' fp32 partial tiles [M][64], both in split order (the
+// same bits on every replay, and the same bits as each other for the same split):
+// - in a cluster (sm_90+, the stand-alone launch, kCluster): the splits of a tile are the blocks
+//   of one thread-block cluster (rank = split); each leaves its partial in its own shared memory,
+//   and after a cluster barrier every block adds its share of the tile from all of them
+//   (distributed shared memory) and writes bf16 Y. No scratch, counters or fences.
+// - through global memory (earlier GPUs, the query absorption's launch): each split stores its
+//   partial to the scratch; the block that brings a tile's counter to `splits` (the last to
+//   arrive, after __threadfence) adds the partials, writes Y and resets the counter to zero for
+//   the next launch.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "core/half_convert.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/gemm_layout.h"
@@ -249,6 +258,62 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
   if (threadIdx.x == 0) g.counters[tile] = 0;
 }
 
+// The cluster way (see the top of this file): block `split` of the tile's cluster. The partial
+// tile is stored with rows of kClusterPartStride floats (64 + 4: the four lanes of a quad hold
+// four different rows and so land in different banks), over the stage buffers once every warp
+// is done with them; a float4 group q of the tile (row q / 16, columns 4 (q % 16) ..) is added
+// by block q / 128 % splits.
+constexpr int kClusterPartStride = kLayerGemmTileN + 4;
+
+template <int MT>
+__device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const GemmOperands& op,
+                                                      int split, int n0, const float (&acc)[MT][4],
+                                                      int warp, int lane, uint8_t* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  static_assert(8 * MT * kClusterPartStride * 4 <= GemmShape<MT>::kSmemBytes, "partial tile fits");
+  float* part = reinterpret_cast<float*>(smem);
+  const int m = g.m;
+  __syncthreads();  // every warp is done reading the stages
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = gemm_acc_row(j, lane, e);
+      if (row < m) part[row * kClusterPartStride + gemm_acc_col(warp, lane, e)] = acc[j][e];
+    }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial is in place (release / acquire across the cluster)
+  const int splits = g.splits;
+  const int groups = m * (kLayerGemmTileN / 4);
+  for (int q = split * kGemmThreads + threadIdx.x; q < groups; q += splits * kGemmThreads) {
+    const int row = q / (kLayerGemmTileN / 4), c = 4 * (q % (kLayerGemmTileN / 4));
+    float* mine = part + row * kClusterPartStride + c;
+    float4 v[kMaxPortableClusterBlocks];
+#pragma unroll
+    for (int s = 0; s < kMaxPortableClusterBlocks; ++s)
+      if (s < splits) v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(mine, s));
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < kMaxPortableClusterBlocks; ++s)
+      if (s < splits) {
+        sum[0] += v[s].x;
+        sum[1] += v[s].y;
+        sum[2] += v[s].z;
+        sum[3] += v[s].w;
+      }
+    uint16_t* y = op.y + int64_t(row) * op.ldy + n0 + c;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (n0 + c + u < op.n_cols) y[u] = float_to_bf16(sum[u]);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#else
+  (void)g, (void)op, (void)split, (void)n0, (void)acc, (void)warp, (void)lane, (void)smem;
+  __trap();  // launched in clusters only where the device has them (sm_90+)
+#endif
+}
+
 // The cp.async ring every GEMM block runs over its nk stages of K: the weights of the first
 // kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
 // their X after it; then per stage i: wait until it has landed for every thread (which also frees
@@ -285,11 +350,14 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
 }
 
 // Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned.
-template <int MT, WeightLayout L>
+// kCluster: the launch is in clusters of `splits` blocks, one tile per cluster (block bid is
+// split bid % splits of tile bid / splits); otherwise tile bid % tiles, split bid / tiles.
+template <int MT, WeightLayout L, bool kCluster = false>
 __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t* smem) {
   using Shape = GemmShape<MT>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tile = bid % g.tiles, split = bid / g.tiles;
+  const int tile = kCluster ? bid / g.splits : bid % g.tiles;
+  const int split = kCluster ? bid % g.splits : bid / g.tiles;
   const GemmTileId id = gemm_tile_id(g, tile);
   const GemmOperands op = gemm_operands(g, id);
   const int stages = g.k / kLayerGemmTileK;
@@ -302,7 +370,10 @@ __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t
       [&](int i) { gemm_load_w<L>(stage_ptr(i), op, id.n0, (kt0 + i) * kLayerGemmTileK, tid); },
       [&](int i) { gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid); },
       [&](int i) { gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane); });
-  gemm_epilogue<MT>(g, op, tile, split, id.n0, acc, warp, lane);
+  if constexpr (kCluster)
+    gemm_cluster_epilogue<MT>(g, op, split, id.n0, acc, warp, lane, smem);
+  else
+    gemm_epilogue<MT>(g, op, tile, split, id.n0, acc, warp, lane);
 }
 
 // f(std::integral_constant<int, MT>) for the smallest MT with 8 MT >= m (m in 1..128).
