@@ -5,7 +5,7 @@
 // sm_90+). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
-#include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"

@@ -34,14 +34,13 @@
 //   the next launch.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "core/half_convert.h"
-#include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/gemm_layout.h"
@@ -270,7 +269,6 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
                                                       int split, int n0, const float (&acc)[MT][4],
                                                       int warp, int lane, uint8_t* smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
   static_assert(8 * MT * kClusterPartStride * 4 <= GemmShape<MT>::kSmemBytes, "partial tile fits");
   float* part = reinterpret_cast<float*>(smem);
   const int m = g.m;
@@ -282,17 +280,17 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
       const int row = gemm_acc_row(j, lane, e);
       if (row < m) part[row * kClusterPartStride + gemm_acc_col(warp, lane, e)] = acc[j][e];
     }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial is in place (release / acquire across the cluster)
+  cluster_arrive_release();  // every split's partial is in place ...
+  cluster_wait();            // ... once all have arrived
   const int splits = g.splits;
   const int groups = m * (kLayerGemmTileN / 4);
   for (int q = split * kGemmThreads + threadIdx.x; q < groups; q += splits * kGemmThreads) {
     const int row = q / (kLayerGemmTileN / 4), c = 4 * (q % (kLayerGemmTileN / 4));
-    float* mine = part + row * kClusterPartStride + c;
+    const float* mine = part + row * kClusterPartStride + c;
     float4 v[kMaxPortableClusterBlocks];
 #pragma unroll
     for (int s = 0; s < kMaxPortableClusterBlocks; ++s)
-      if (s < splits) v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(mine, s));
+      if (s < splits) v[s] = ld_cluster_f32x4(mine, s);
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < kMaxPortableClusterBlocks; ++s)
@@ -307,26 +305,29 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
     for (int u = 0; u < 4; ++u)
       if (n0 + c + u < op.n_cols) y[u] = float_to_bf16(sum[u]);
   }
-  cluster.sync();  // no block leaves while another may still read its shared memory
+  // No block leaves while another may still read its shared memory; this block's reads have
+  // returned (their values are in the sums), so the arrival need not order memory.
+  cluster_arrive_relaxed();
+  cluster_wait();
 #else
   (void)g, (void)op, (void)split, (void)n0, (void)acc, (void)warp, (void)lane, (void)smem;
   __trap();  // launched in clusters only where the device has them (sm_90+)
 #endif
 }
 
-// The cp.async ring every GEMM block runs over its nk stages of K: the weights of the first
-// kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
-// their X after it; then per stage i: wait until it has landed for every thread (which also frees
-// stage i - 1's buffer), request stage i + kStages - 1 into that buffer, multiply stage i. acc
-// starts at zero; the kernel's dependents may launch once the ring is drained.
+// The cp.async ring every GEMM block runs over its nk stages of K, kStages buffers: the weights
+// of the first kStages stages are requested before pdl_wait (weights never depend on the previous
+// kernel), their X after it, one commit group per stage. Then per stage i: wait until it has
+// landed for every thread (which also frees stage i - 1's buffer), request stage i - 1 + kStages
+// into that buffer (from i = 1: one group each, so stage s is always group s), multiply stage i.
+// acc starts at zero; the kernel's dependents may launch once the ring is drained.
 template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply>
 __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW load_w, LoadX load_x,
                                           Multiply multiply) {
-  constexpr int kAhead = kStages - 1;
-  for (int i = 0; i < kAhead; ++i)
+  for (int i = 0; i < kStages; ++i)
     if (i < nk) load_w(i);
   pdl_wait();  // X is the previous kernel's output
-  for (int i = 0; i < kAhead; ++i) {
+  for (int i = 0; i < kStages; ++i) {
     if (i < nk) load_x(i);
     cp_async_commit();
   }
@@ -335,14 +336,21 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   for (int i = 0; i < nk; ++i) {
-    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
-    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
-    const int next = i + kAhead;
-    if (next < nk) {
-      load_w(next);
-      load_x(next);
+    // Groups committed so far: kStages + max(i - 1, 0); stage i's (group i) and those before
+    // it complete leaves kStages - 1 pending at i = 0, kStages - 2 after.
+    if (i == 0)
+      cp_async_wait<kStages - 1>();
+    else
+      cp_async_wait<kStages - 2>();
+    __syncthreads();  // ... for every thread; stage i - 1's buffer is free
+    const int next = i - 1 + kStages;
+    if (i > 0) {
+      if (next < nk) {
+        load_w(next);
+        load_x(next);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
     multiply(i);
   }
   cp_async_wait<0>();
