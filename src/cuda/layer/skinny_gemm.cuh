@@ -315,19 +315,19 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
 #endif
 }
 
-// The cp.async ring every GEMM block runs over its nk stages of K, kStages buffers: the weights
-// of the first kStages stages are requested before pdl_wait (weights never depend on the previous
-// kernel), their X after it, one commit group per stage. Then per stage i: wait until it has
-// landed for every thread (which also frees stage i - 1's buffer), request stage i - 1 + kStages
-// into that buffer (from i = 1: one group each, so stage s is always group s), multiply stage i.
-// acc starts at zero; the kernel's dependents may launch once the ring is drained.
+// The cp.async ring every GEMM block runs over its nk stages of K: the weights of the first
+// kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
+// their X after it; then per stage i: wait until it has landed for every thread (which also frees
+// stage i - 1's buffer), request stage i + kStages - 1 into that buffer, multiply stage i. acc
+// starts at zero; the kernel's dependents may launch once the ring is drained.
 template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply>
 __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW load_w, LoadX load_x,
                                           Multiply multiply) {
-  for (int i = 0; i < kStages; ++i)
+  constexpr int kAhead = kStages - 1;
+  for (int i = 0; i < kAhead; ++i)
     if (i < nk) load_w(i);
   pdl_wait();  // X is the previous kernel's output
-  for (int i = 0; i < kStages; ++i) {
+  for (int i = 0; i < kAhead; ++i) {
     if (i < nk) load_x(i);
     cp_async_commit();
   }
@@ -336,21 +336,14 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   for (int i = 0; i < nk; ++i) {
-    // Groups committed so far: kStages + max(i - 1, 0); stage i's (group i) and those before
-    // it complete leaves kStages - 1 pending at i = 0, kStages - 2 after.
-    if (i == 0)
-      cp_async_wait<kStages - 1>();
-    else
-      cp_async_wait<kStages - 2>();
-    __syncthreads();  // ... for every thread; stage i - 1's buffer is free
-    const int next = i - 1 + kStages;
-    if (i > 0) {
-      if (next < nk) {
-        load_w(next);
-        load_x(next);
-      }
-      cp_async_commit();
+    cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
+    __syncthreads();              // ... for every thread; stage i - 1's buffer is free
+    const int next = i + kAhead;
+    if (next < nk) {
+      load_w(next);
+      load_x(next);
     }
+    cp_async_commit();
     multiply(i);
   }
   cp_async_wait<0>();

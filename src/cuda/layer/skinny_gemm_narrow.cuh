@@ -3,7 +3,7 @@
 // kernel's time is how long it takes to have enough of them in flight. A block of 4 warps owns
 // 16 output columns over all of K, so no block waits on another (no split-K partials, no
 // counters) and the blocks of a launch stream their weight rows from the first instruction: the
-// weights of each block's first kStages stages are requested before pdl_wait (gemm_ring).
+// weights of each block's first kStages - 1 stages are requested before pdl_wait (gemm_ring).
 //
 // A stage is 256 k: the block's 16 weight rows of 512 bytes and the X tile (8 MT rows of 512
 // bytes), swizzled as gemm_layout.h says; warp w multiplies k 64 w .. 64 w + 63 of each stage
