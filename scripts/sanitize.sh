@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the GPU tests' representative subset: memcheck, racecheck, initcheck and
 # synccheck each run the C++ binary's GpuSanitize* tests (small shapes, every device buffer
-# initialized, NaN in page padding); memcheck also runs the out-of-range contents tests
+# initialized, NaN in page padding) and the layer GEMMs' cases (GpuLayerGemm.MatchesCpuLoop: the
+# split sums within clusters and through global memory); memcheck also runs the out-of-range contents tests
 # (GpuContents.*), the error-buffer, graph, append and thread tests, the 8-bit decode and the
 # fused layer's graph. One line per tool, e.g.
 # "memcheck: 0 errors (27 tests passed, 0 failed, 1 skipped, 41 s)", and a summary line last.
@@ -25,7 +26,7 @@ tools=${*:-memcheck racecheck initcheck synccheck}
 t_start=$(date +%s)
 
 # What every tool runs: the sanitizer subset (all small shapes).
-SUBSET='*GpuSanitize*'
+SUBSET='*GpuSanitize*:GpuLayerGemm.MatchesCpuLoop'
 # memcheck is cheap enough for more: the out-of-range contents, the error buffer, graphs, the
 # 16-bit append, host threads on several streams, two of the GpuDecode cases, the 8-bit decode
 # (16 to 128 rows, both formats) and the fused layer's graph (replays with bad values written into
