@@ -16,7 +16,9 @@ namespace kf {
 // when the tiles alone would not give kLayerGemmBlocks blocks (two per SM on a 132-SM H200):
 // each split writes fp32 partials to gemm_scratch, and the last block of a tile to arrive (a
 // per-tile counter in gemm_counters) adds them in split order. The split depends only on the
-// shapes, so the size query and the graph builder agree on every device.
+// shapes, so the size query and the graph builder agree on every device. (On sm_90 the
+// stand-alone GEMM launches add their splits within thread-block clusters instead, at most 8
+// per tile, and leave scratch and counters untouched: src/cuda/layer/skinny_gemm.cuh.)
 constexpr int kLayerGemmTileN = 64;
 constexpr int kLayerGemmTileK = 64;
 constexpr int kLayerGemmBlocks = 264;
