@@ -6,7 +6,8 @@
 # that should inline to the same code) when no GPU is at hand, or to show that a refactor costs
 # nothing. TREE_A and TREE_B are two checkouts of this repository (e.g. `git worktree add
 # /tmp/base HEAD~1`). Every .cu file under src/cuda is compiled in both trees to a cubin per
-# architecture (default: 90 86) with the library's compile flags (no -lineinfo), disassembled
+# architecture (default: 90 86; the sm90a family's sources for sm_90a only, when 90 is asked
+# for) with the library's compile flags (no -lineinfo), disassembled
 # with cuobjdump, and compared with the addresses and the hash in anonymous namespaces' names
 # removed. Prints one line per (file, arch) that differs or exists in one tree only, or
 # "identical SASS: N (file, arch) pairs"; exit status 1 if anything differs, 2 if cuobjdump or
@@ -29,9 +30,12 @@ cuobjdump=$(find_tool cuobjdump); nvdisasm=$(find_tool nvdisasm)
 export NVDISASM_PATH=${NVDISASM_PATH:-$(dirname "$nvdisasm")}
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 
-sass() {  # sass TREE FILE ARCH -> normalized SASS on stdout
-  (cd "$1" && nvcc -DKF_BUILDING_LIBRARY=1 -DKF_WITH_CUDA=1 -Iinclude -Isrc -O3 -DNDEBUG \
-     --expt-relaxed-constexpr -std=c++17 -gencode "arch=compute_$3,code=sm_$3" -cubin \
+sass() {  # sass TREE FILE ARCH -> normalized SASS on stdout (ARCH 90a: the sm90a family's flags)
+  local family=()
+  [ "$3" = 90a ] && family=(-DKF_SM90A_FAMILY=1)
+  (cd "$1" && nvcc -DKF_BUILDING_LIBRARY=1 -DKF_WITH_CUDA=1 "-DKF_CUDA_ARCHS_STRING=\"$3\"" \
+     "${family[@]}" -Iinclude -Isrc -O3 \
+     -DNDEBUG --expt-relaxed-constexpr -std=c++17 -gencode "arch=compute_$3,code=sm_$3" -cubin \
      -o "$work/x.cubin" "$2")
   "$cuobjdump" -sass "$work/x.cubin" | grep -v '^\s*//' | sed -E 's@/\*[0-9a-f]*\*/@@g;
     s/_GLOBAL__N__[0-9a-f]+_/_GLOBAL__N__/g'
@@ -40,7 +44,13 @@ sass() {  # sass TREE FILE ARCH -> normalized SASS on stdout
 status=0; n=0
 files=$(cd "$a" && find src/cuda -name '*.cu' | sort; cd "$b" && find src/cuda -name '*.cu' | sort)
 for f in $(echo "$files" | sort -u); do
-  for arch in "${archs[@]}"; do
+  # The sm90a family's sources build for sm_90a only: compared there when 90 is asked for.
+  file_archs=("${archs[@]}")
+  if [[ $f == src/cuda/decode/sm90a/* ]]; then
+    file_archs=()
+    for arch in "${archs[@]}"; do [ "$arch" = 90 ] && file_archs=(90a); done
+  fi
+  for arch in "${file_archs[@]}"; do
     n=$((n + 1))
     if [ ! -f "$a/$f" ] || [ ! -f "$b/$f" ]; then echo "only in one tree: $f"; status=1; continue; fi
     sass "$a" "$f" "$arch" > "$work/a.sass"; sass "$b" "$f" "$arch" > "$work/b.sass"
