@@ -455,9 +455,11 @@ void run_gemm_case(const GemmCase& c, std::mt19937_64& rng) {
   std::vector<std::vector<uint16_t>> through_global;
   for (auto& d : dy) through_global.push_back(d->read());
   expect_matches_cpu(through_global, "global-memory split sum");
-  if (planned.splits <= 8)
-    for (size_t i = 0; i < jobs.size(); ++i)
+  if (planned.splits <= 8) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
       EXPECT_EQ(through_global[i], first[i]) << "job " << i << ": the two split sums differ";
+    }
+  }
 }
 
 TEST(GpuLayerGemm, MatchesCpuLoop) {
