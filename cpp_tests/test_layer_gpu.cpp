@@ -553,9 +553,14 @@ TEST(GpuLayerGemm, WeightReadBandwidthV2Lite) {
     Dev<uint16_t> w(w_elems * kLayers);
     ASSERT_TRUE(w.ok());
     CUDA_OK(cudaMemset(w.get(), 0x3c, w_elems * kLayers * 2));  // bf16 0.0115
-    for (int m : {1, 8, 32, 64})
-    for (bool global : {false, true}) {
-      if (global && m <= kf::cuda::kGemmNarrowMaxM) continue;  // the narrow kernel does not split
+    // b 1, 8 (the narrow kernel, no split), then b 32 and 64 with each way of adding splits.
+    const struct {
+      int m;
+      bool global;
+    } runs[] = {{1, false}, {8, false}, {32, false}, {32, true}, {64, false}, {64, true}};
+    for (const auto& run : runs) {
+      const int m = run.m;
+      const bool global = run.global;
       Dev<uint16_t> x(size_t(m) * kind.k * kind.num_z), y(size_t(m) * 4096 * kind.num_z);
       Dev<float> scratch(kf::layer_gemm_scratch_floats(kf::LayerDims{}, m));
       Dev<int32_t> counters(std::vector<int32_t>(kf::kLayerGemmBlocks / 2, 0));

@@ -1,7 +1,7 @@
 // Thread-block clusters (sm_90+): a launch whose blocks come in groups that the hardware
 // schedules together on one GPC, with each other's shared memory addressable (distributed
-// shared memory) and a cluster-wide barrier. Host side: whether the device has them, and a
-// launch with a 1-D cluster size that is also a programmatic dependent (pdl.cuh). Device side
+// shared memory) and a cluster-wide barrier. Host side: whether the device has them (a launch
+// in clusters is pdl.cuh's launch_dependent with a cluster size). Device side
 // (sm_90 code only): the barrier's two halves and a 16-byte load from another block's shared
 // memory.
 #pragma once
@@ -9,9 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <utility>
 
-#include "cuda/common/device_flag.h"
 #include "cuda/common/pdl.cuh"
 
 namespace kf::cuda {
@@ -48,40 +46,6 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(const void* local, int rank) 
 }
 #endif
 
-inline bool device_has_clusters() {
-  const int dev = current_device();
-  static DeviceFlag has_clusters;
-  return has_clusters.get(dev, [dev] {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  });
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x consecutive blocks
-// along x (grid.x a multiple of it), a programmatic dependent of the stream's previous kernel
-// where launch_pdl would make it one.
-template <typename... KArgs, typename... Args>
-cudaError_t launch_pdl_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                 cudaStream_t stream, int cluster_x, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cluster_x);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = device_has_pdl() ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
+inline bool device_has_clusters() { return device_is_sm90_or_newer(); }
 
 }  // namespace kf::cuda

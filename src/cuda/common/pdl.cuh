@@ -31,13 +31,12 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Programmatic dependent launch exists from sm_90 on. KF_DISABLE_PDL=1 in the environment turns
-// it off (plain stream order; for A/B timings and for tools that do not follow it).
-inline bool device_has_pdl() {
-  if (switch_disable_pdl()) return false;
+// Whether the calling thread's current device is compute capability 9.0 or newer (the first
+// with programmatic dependent launch and thread-block clusters); one query per device.
+inline bool device_is_sm90_or_newer() {
   const int dev = current_device();
-  static DeviceFlag has_pdl;  // one attribute query per device, not one per launch
-  return has_pdl.get(dev, [dev] {
+  static DeviceFlag sm90;
+  return sm90.get(dev, [dev] {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       cudaGetLastError();
@@ -47,22 +46,45 @@ inline bool device_has_pdl() {
   });
 }
 
+// Programmatic dependent launch exists from sm_90 on. KF_DISABLE_PDL=1 in the environment turns
+// it off (plain stream order; for A/B timings and for tools that do not follow it).
+inline bool device_has_pdl() { return !switch_disable_pdl() && device_is_sm90_or_newer(); }
+
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's
-// previous kernel where the device has it.
+// previous kernel where the device has it; with cluster_x > 0 in thread-block clusters of
+// cluster_x consecutive blocks along x (sm_90+, grid.x a multiple of it: cluster.cuh).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args&&... args) {
+cudaError_t launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, int cluster_x, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(cluster_x);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (device_has_pdl()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = device_has_pdl() ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The same without clusters.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  return launch_dependent(kernel, grid, block, smem, stream, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace kf::cuda

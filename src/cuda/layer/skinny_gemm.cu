@@ -69,7 +69,7 @@ cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
       auto kernel = skinny_gemm_cluster_kernel<MT, L>;
       const cudaError_t err = allow_smem(kernel, smem);
       if (err != cudaSuccess) return err;
-      return launch_pdl_clustered(kernel, grid, block, smem, stream, g.splits, g);
+      return launch_dependent(kernel, grid, block, smem, stream, g.splits, g);
     }
     auto kernel = skinny_gemm_kernel<MT, L>;
     const cudaError_t err = allow_smem(kernel, smem);
