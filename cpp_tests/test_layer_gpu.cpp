@@ -235,7 +235,8 @@ TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {
         EXPECT_LE(s, k / kf::kLayerGemmTileK);
         // At least one block per SM of a 132-SM GPU where the K stages and the partials'
         // traffic allow it.
-        const int64_t most = std::min<int64_t>(k / kf::kLayerGemmTileK, std::max(1, k / (2 * batch)));
+        const int64_t most = std::min<int64_t>(std::max(1, k / kf::kLayerGemmTileK / 2),
+                                               std::max(1, k / (2 * batch)));
         EXPECT_GE(tiles * s, std::min<int64_t>(132, tiles * most));
         EXPECT_LE(int64_t(s) * batch * 4, std::max<int64_t>(int64_t(k) * 2, 4 * batch));
         if (s > 1) {
@@ -483,14 +484,14 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
       {2, 1536, WeightLayout::kNK, {3072}, 1},         // q_b of a q_lora model
       {32, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 17..32 rows: 48 KB of stages
       {24, 128, WeightLayout::kKN, {512}, 16},
-      {40, 1024, WeightLayout::kNK, {61}, 1},          // one tile, 12 splits (8 in a cluster), 61 columns
+      {40, 2048, WeightLayout::kNK, {61}, 1},          // one tile, 16 splits (8 in a cluster), 61 columns
   };
   for (const GemmCase& c : cases) run_gemm_case(c, rng);
 }
 
 TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   KF_REQUIRE_GPU();
-  Dev<uint16_t> buf(1 << 16);
+  Dev<uint16_t> buf(1 << 20);
   GemmLaunch g{};
   g.num_jobs = 1;
   g.m = 4;
@@ -515,6 +516,8 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kKN, nullptr), cudaErrorInvalidValue);
   bad = g;
   bad.m = 32;                  // the wide kernel (more than kGemmNarrowMaxM rows) ...
+  bad.k = 1024;                // ... with K of 16 stages ...
+  bad.job[0].ldw = bad.job[0].ldx = 1024;
   bad.job[0].n_cols = 64 * 8;  // ... over 8 tiles: split, but no scratch given
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kNK, nullptr), cudaErrorInvalidValue);
   CUDA_OK(cudaGetLastError());

@@ -24,14 +24,14 @@ constexpr int kLayerGemmTileK = 64;
 constexpr int kLayerGemmBlocks = 264;
 
 // Splits of K for a launch of `tiles` output tiles over k (a multiple of kLayerGemmTileK) for
-// m rows: floor(kLayerGemmBlocks / tiles), at most one stage of K per split, and at most
+// m rows: floor(kLayerGemmBlocks / tiles), at least two stages of K per split, and at most
 // k / (2 m) so that the fp32 partials (splits x m x 4 bytes per column) move no more bytes than
 // the bf16 weights (k x 2 bytes per column); at least 1. A launch that splits (> 1) has at most
 // kLayerGemmBlocks / 2 tiles and tiles * splits <= kLayerGemmBlocks.
 inline int layer_gemm_splits(int64_t tiles, int k, int m) {
   int64_t s = tiles > 0 ? kLayerGemmBlocks / tiles : 1;
   const int64_t stages = k / kLayerGemmTileK, traffic = m > 0 ? k / (2 * int64_t(m)) : stages;
-  if (s > stages) s = stages;
+  if (s > stages / 2) s = stages / 2;  // a split of one stage is not worth adding up
   if (s > traffic) s = traffic;
   return s < 1 ? 1 : int(s);
 }
