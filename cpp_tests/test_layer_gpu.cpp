@@ -612,9 +612,8 @@ void run_uv_combine_case(const UvCombineCase& c, std::mt19937_64& rng) {
   j.y_z = v;
   j.n_cols = v;
   j.num_z = h;
-  ASSERT_TRUE(kf::cuda::uv_combine_supported(g, a));
-
   j.y = fused.get();  // first: it reads o_lat as the decode left it
+  ASSERT_TRUE(kf::cuda::uv_combine_supported(g, a));
   CUDA_OK(kf::cuda::launch_uv_combine(g, a, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> y_fused = fused.read();
