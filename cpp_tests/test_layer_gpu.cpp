@@ -20,9 +20,6 @@
 #if KF_TESTS_WITH_CUDA
 #include "core/kv_format8.h"
 #include "core/quant.h"
-#include "core/scheduler.h"
-#include "cuda/combine/mla_combine.h"
-#include "cuda/common/switches.h"
 #include "cuda/layer/layer_graph.h"
 #include "cuda/layer/layer_kernels.h"
 #endif
@@ -283,7 +280,6 @@ TEST(LayerWorkspace, BuffersAreAlignedAndDisjoint) {
 
 #if KF_TESTS_WITH_CUDA
 
-using kf::MlaDecodeParams;
 using kf::cuda::GemmJob;
 using kf::cuda::GemmLaunch;
 using kf::cuda::WeightLayout;
@@ -525,154 +521,6 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   bad.job[0].n_cols = 64 * 8;  // ... over 8 tiles: split, but no scratch given
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kNK, nullptr), cudaErrorInvalidValue);
   CUDA_OK(cudaGetLastError());
-}
-
-// ---- the attention's merge and the output absorption in one launch -------------------------
-
-// launch_uv_combine against the combine kernel followed by the skinny GEMM, and both against a
-// float64 merge (rounded to bf16, as o_lat is) times W_UV: split partials from a schedule of
-// random lengths (requests of one piece read o_lat, empty ones included), some pieces with an
-// lse of -inf, outputs poisoned; a rerun gives the same bits. Runs on sm_90+ (clusters).
-struct UvCombineCase {
-  int batch, heads, v, workers;
-  std::vector<int32_t> seqlens;
-};
-
-void run_uv_combine_case(const UvCombineCase& c, std::mt19937_64& rng) {
-  SCOPED_TRACE("batch " + std::to_string(c.batch) + " heads " + std::to_string(c.heads) + " v " +
-               std::to_string(c.v) + " workers " + std::to_string(c.workers));
-  const int b = c.batch, h = c.heads, v = c.v;
-  std::vector<int32_t> meta(size_t(kf::metadata_size(b, c.workers)));
-  kf::build_schedule(c.seqlens.data(), b, h, 1, c.workers, 1, meta.data());
-  const int32_t* piece_offset = kf::meta_piece_offset(meta.data(), c.workers);
-  const int pieces = piece_offset[b];
-  ASSERT_LE(pieces, kf::max_pieces(b, c.workers));
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_real_distribution<float> uniform(-3.f, 3.f);
-  std::vector<float> o_accum(size_t(kf::max_pieces(b, c.workers)) * h * 512, std::nanf(""));
-  std::vector<float> lse_accum(size_t(kf::max_pieces(b, c.workers)) * h, std::nanf(""));
-  for (size_t i = 0; i < size_t(pieces) * h * 512; ++i) o_accum[i] = normal(rng);
-  for (size_t i = 0; i < size_t(pieces) * h; ++i) lse_accum[i] = rng() % 16 == 0 ? -INFINITY : uniform(rng);
-  const std::vector<uint16_t> o_lat0 = random_bf16(size_t(b) * h * 512, rng, 2.f);
-  const std::vector<uint16_t> w = random_bf16(size_t(h) * v * 512, rng, 1.f);
-
-  // The float64 reference: o_lat (bf16) then o_heads[r, z v + n] = o_lat[r, z] . W_UV[z][n].
-  std::vector<double> o_ref(size_t(b) * h * 512);
-  for (int r = 0; r < b; ++r)
-    for (int z = 0; z < h; ++z) {
-      const int first = piece_offset[r], n = piece_offset[r + 1] - first;
-      double* o = &o_ref[(size_t(r) * h + z) * 512];
-      if (n <= 1) {
-        for (int k = 0; k < 512; ++k) o[k] = from_bf16(o_lat0[(size_t(r) * h + z) * 512 + k]);
-        continue;
-      }
-      double mx = -INFINITY, sum = 0;
-      for (int p = first; p < first + n; ++p) mx = std::max(mx, double(lse_accum[size_t(p) * h + z]));
-      for (int p = first; p < first + n; ++p) sum += std::exp(lse_accum[size_t(p) * h + z] - mx);
-      const double lse = mx == -INFINITY ? mx : mx + std::log(sum);
-      for (int k = 0; k < 512; ++k) {
-        double acc = 0;
-        for (int p = first; p < first + n && lse != -INFINITY; ++p)
-          acc += std::exp(lse_accum[size_t(p) * h + z] - lse) * o_accum[(size_t(p) * h + z) * 512 + k];
-        o[k] = from_bf16(to_bf16(float(acc)));
-      }
-    }
-
-  Dev<int32_t> dmeta(meta), eb(std::vector<int32_t>{0, -1, 0, 0});
-  Dev<float> dacc(o_accum), dlse_acc(lse_accum), dlse(size_t(b) * h);
-  Dev<uint16_t> dlat(o_lat0), dw(w);
-  const std::vector<uint16_t> poisoned(size_t(b) * h * v, kCanary16);
-  Dev<uint16_t> fused(poisoned), separate(poisoned);
-  MlaDecodeParams a{};
-  a.dtype = kf::DType::kBF16;
-  a.batch = b;
-  a.s_q = 1;
-  a.h_q = a.num_rows = h;
-  a.metadata = dmeta.get();
-  a.num_workers = c.workers;
-  a.out = dlat.get();
-  a.o_batch_stride = a.o_seq_stride = int64_t(h) * 512;
-  a.o_head_stride = 512;
-  a.lse = dlse.get();
-  a.o_accum = dacc.get();
-  a.lse_accum = dlse_acc.get();
-  a.error_buffer = eb.get();
-  GemmLaunch g{};
-  g.num_jobs = 1;
-  g.m = b;
-  g.k = 512;
-  GemmJob& j = g.job[0];
-  j.w = dw.get();
-  j.ldw = 512;
-  j.w_z = int64_t(v) * 512;
-  j.x = dlat.get();
-  j.ldx = int64_t(h) * 512;
-  j.x_z = 512;
-  j.ldy = int64_t(h) * v;
-  j.y_z = v;
-  j.n_cols = v;
-  j.num_z = h;
-  j.y = fused.get();  // first: it reads o_lat as the decode left it
-  ASSERT_TRUE(kf::cuda::uv_combine_supported(g, a));
-  CUDA_OK(kf::cuda::launch_uv_combine(g, a, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> y_fused = fused.read();
-  CUDA_OK(fused.put(poisoned));
-  CUDA_OK(kf::cuda::launch_uv_combine(g, a, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(fused.read(), y_fused) << "a rerun changed bits";
-  j.y = separate.get();
-  CUDA_OK(kf::cuda::launch_mla_combine(a, nullptr));
-  CUDA_OK(kf::cuda::launch_skinny_gemm(g, WeightLayout::kNK, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> y_separate = separate.read();
-  EXPECT_EQ(eb.read(), (std::vector<int32_t>{0, -1, 0, 0}));
-
-  // One bf16 rounding of the result, plus one of o_lat's values in either path (a sum of up
-  // to 512 products, each off by at most 2^-8 of itself).
-  int bad = 0;
-  for (int r = 0; r < b; ++r)
-    for (int z = 0; z < h; ++z)
-      for (int n = 0; n < v; ++n) {
-        double want = 0, sum_abs = 0;
-        for (int k = 0; k < 512; ++k) {
-          const double p = o_ref[(size_t(r) * h + z) * 512 + k] * from_bf16(w[(size_t(z) * v + n) * 512 + k]);
-          want += p;
-          sum_abs += std::fabs(p);
-        }
-        const size_t at = size_t(r) * h * v + size_t(z) * v + n;
-        const double tol = std::ldexp(std::fabs(want), -8) + std::ldexp(sum_abs, -8);
-        for (const auto* y : {&y_fused, &y_separate}) {
-          const float got = bf((*y)[at]);
-          if (!(std::fabs(double(got) - want) <= tol) && ++bad <= 5)
-            ADD_FAILURE() << (y == &y_fused ? "fused" : "separate") << ": row " << r << " head "
-                          << z << " col " << n << ": " << got << " vs " << want;
-        }
-      }
-  EXPECT_EQ(bad, 0);
-}
-
-TEST(GpuLayerUvCombine, MatchesCombineThenGemm) {
-  KF_REQUIRE_GPU();
-  int dev = 0, major = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major < 9) GTEST_SKIP() << "no thread-block clusters before sm_90";
-  auto rng = test_rng(41);
-  std::uniform_int_distribution<int> len(0, 5000);
-  auto lens = [&](int n) {
-    std::vector<int32_t> l(n);
-    for (auto& x : l) x = len(rng);
-    return l;
-  };
-  const UvCombineCase cases[] = {
-      {1, 16, 128, 264, {4096}},           // the V2-Lite layer at b = 1: ~64 pieces, 8 lanes per item
-      {3, 16, 128, 132, {4096, 64, 0}},    // a split request, one of one piece, an empty one
-      {9, 4, 64, 40, lens(9)},             // 9..16 rows (MT 2), 4 tiles per head (slices of 128)
-      {16, 16, 128, 264, lens(16)},
-      {2, 2, 16, 8, {700, 1}},             // one tile per head: a cluster of one block
-  };
-  for (const UvCombineCase& c : cases) run_uv_combine_case(c, rng);
 }
 
 // Weight-read bandwidth of the V2-Lite layer's GEMMs, each on 27 layers' distinct weights (so
@@ -1333,14 +1181,7 @@ void run_graph_case(int q_lora, kf::KvFormat fmt) {
   kf::cuda::LayerGraph* graph = nullptr;
   CUDA_OK(kf::cuda::layer_graph_create(p, &graph));
   ASSERT_NE(graph, nullptr);
-  // Per layer 6 kernels (8 with q_lora), one fewer where the combine is fused with the output
-  // absorption (up to 16 rows on sm_90+, layer_graph.cu).
-  int dev = 0, major = 0;
-  CUDA_OK(cudaGetDevice(&dev));
-  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  const bool fused = major >= 9 && batch <= 16 && !kf::cuda::switch_layer_separate_combine();
-  EXPECT_EQ(kf::cuda::layer_graph_kernel_nodes(graph),
-            1 + layers_n * ((q_lora ? 8 : 6) - (fused ? 1 : 0)));
+  EXPECT_EQ(kf::cuda::layer_graph_kernel_nodes(graph), 1 + layers_n * (q_lora ? 8 : 6));
   EXPECT_LE(kf::cuda::layer_graph_kernel_nodes(graph), 1 + 8 * layers_n);
 
   std::vector<float> x(size_t(batch) * d.hidden);

@@ -26,7 +26,7 @@ tools=${*:-memcheck racecheck initcheck synccheck}
 t_start=$(date +%s)
 
 # What every tool runs: the sanitizer subset (all small shapes).
-SUBSET='*GpuSanitize*:GpuLayerGemm.MatchesCpuLoop:GpuLayerUvCombine.*'
+SUBSET='*GpuSanitize*:GpuLayerGemm.MatchesCpuLoop'
 # memcheck is cheap enough for more: the out-of-range contents, the error buffer, graphs, the
 # 16-bit append, host threads on several streams, two of the GpuDecode cases, the 8-bit decode
 # (16 to 128 rows, both formats) and the fused layer's graph (replays with bad values written into

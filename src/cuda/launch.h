@@ -28,9 +28,6 @@ cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);
 // Decode (the pieces) then combine (split requests), on one stream.
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream);
-// The decode kernel alone: requests split into pieces leave them in o_accum / lse_accum for a
-// merge launched by the caller (the fused layer's launch_uv_combine).
-cudaError_t launch_mla_decode_pieces(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_cache_append(const CacheAppendParams& p, cudaStream_t stream);
 // Every slot of a 16-bit cache quantized into an 8-bit cache (the append's bytes).
 cudaError_t launch_cache_convert(const CacheConvertParams& p, cudaStream_t stream);

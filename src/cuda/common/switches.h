@@ -27,14 +27,6 @@ inline bool switch_decode_64_row_tiles() {
   return on;
 }
 
-// KF_LAYER_SEPARATE_COMBINE: the fused layer merges the attention's split partials in the
-// combine kernel, then runs the output absorption, also where one launch could do both
-// (layer_graph.cu): for A/B timings and the tests of both paths.
-inline bool switch_layer_separate_combine() {
-  static const bool on = detail::env_flag("KF_LAYER_SEPARATE_COMBINE");
-  return on;
-}
-
 // KF_NVTX: NVTX ranges around the C API's entry points (src/capi/nvtx.h), for the profilers.
 inline bool switch_nvtx() {
   static const bool on = detail::env_flag("KF_NVTX");

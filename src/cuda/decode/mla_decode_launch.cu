@@ -71,18 +71,14 @@ cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format
   return cudaSuccess;
 }
 
-cudaError_t launch_mla_decode_pieces(const MlaDecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (!decode_layout_ok(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   const DecodeFamily* family = nullptr;
-  const cudaError_t err = device_decode_family(current_device(), &family);
+  cudaError_t err = device_decode_family(current_device(), &family);
   if (err != cudaSuccess) return err;
-  return family->run(p, stream);
-}
-
-cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
-  const cudaError_t err = launch_mla_decode_pieces(p, stream);
-  if (err != cudaSuccess || p.batch == 0) return err;
+  err = family->run(p, stream);
+  if (err != cudaSuccess) return err;
   return launch_mla_combine(p, stream);
 }
 

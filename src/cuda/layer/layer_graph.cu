@@ -8,9 +8,7 @@
 //   3. the attention on q_attn -> o_lat (launch_mla_decode: decode, then combine)
 //   4. o_heads[:, h*v : (h+1)*v] = o_lat[:, h] W_UV[h]^T         (a skinny GEMM over the heads)
 //   5. y = o_heads W_o^T into act[l % 2], or io.output for the last layer
-// Up to 16 rows on sm_90+, the combine of step 3 and step 4 are one launch (uv_combine.cu).
-// Six kernels per layer (eight with q_lora; one fewer where the combine is fused), each a
-// programmatic dependent of the one before
+// Six kernels per layer (eight with q_lora), each a programmatic dependent of the one before
 // (cuda/common/pdl.cuh): a GEMM requests its weights before waiting for its input.
 // All intermediates live in the caller's workspace (core/layer_workspace.h).
 #include "cuda/layer/layer_graph.h"
@@ -25,7 +23,6 @@
 #include "core/params.h"
 #include "core/scheduler.h"
 #include "cuda/common/device_flag.h"
-#include "cuda/common/switches.h"
 #include "cuda/launch.h"
 #include "cuda/layer/layer_kernels.h"
 
@@ -177,16 +174,20 @@ cudaError_t record_q_absorb_prologue(const LayerGraphParams& p, const LayerWeigh
   return launch_q_absorb_prologue(absorb, pro, s);
 }
 
-// Steps 3 and 4: the attention over the layer's cache (q_attn -> o_lat), then o_heads = per
-// head o_lat W_UV[h]^T (W_UV[h] = w_kv_b rows h (nope + v) + nope .. h (nope + v) + nope + v - 1,
-// stored [n = v][k = 512]). Where one launch can merge the attention's split partials and
-// multiply (uv_combine.cu: up to 16 rows, sm_90+), the decode runs without its combine.
-cudaError_t record_attention_uv(const LayerGraphParams& p, const LayerWeights& w,
-                                const LayerBuffers& buf, cudaStream_t s) {
-  const LayerDims& d = p.dims;
+// Step 3: the attention over the layer's cache, q_attn -> o_lat.
+cudaError_t record_attention(const LayerGraphParams& p, const LayerWeights& w,
+                             const LayerBuffers& buf, cudaStream_t s) {
   const MlaDecodeParams a = layer_attention_params(
       p, w, {buf.q_attn, buf.o_lat, buf.lse, buf.o_accum, buf.lse_accum, p.io.cache_seqlens,
              buf.metadata});
+  return launch_mla_decode(a, s);
+}
+
+// Steps 4 and 5: o_heads = per head o_lat W_UV[h]^T (W_UV[h] = w_kv_b rows h (nope + v) + nope
+// .. h (nope + v) + nope + v - 1, stored [n = v][k = 512]), then y = o_heads W_o^T.
+cudaError_t record_output(const LayerGraphParams& p, const LayerWeights& w,
+                          const LayerBuffers& buf, Rows y, cudaStream_t s) {
+  const LayerDims& d = p.dims;
   GemmJob uv{};
   uv.w = w.w_kv_b + int64_t(d.nope) * w.w_kv_b_stride;
   uv.ldw = w.w_kv_b_stride;
@@ -199,19 +200,9 @@ cudaError_t record_attention_uv(const LayerGraphParams& p, const LayerWeights& w
   uv.y_z = d.v;
   uv.n_cols = d.v;
   uv.num_z = d.heads;
-  const GemmLaunch uv_launch = gemm_launch(buf, p.batch, d.kv_lora, uv);
-  if (!switch_layer_separate_combine() && uv_combine_supported(uv_launch, a)) {
-    const cudaError_t err = launch_mla_decode_pieces(a, s);
-    return err != cudaSuccess ? err : launch_uv_combine(uv_launch, a, s);
-  }
-  const cudaError_t err = launch_mla_decode(a, s);
-  return err != cudaSuccess ? err : launch_skinny_gemm(uv_launch, WeightLayout::kNK, s);
-}
-
-// Step 5: y = o_heads W_o^T.
-cudaError_t record_output(const LayerGraphParams& p, const LayerWeights& w,
-                          const LayerBuffers& buf, Rows y, cudaStream_t s) {
-  const LayerDims& d = p.dims;
+  cudaError_t err =
+      launch_skinny_gemm(gemm_launch(buf, p.batch, d.kv_lora, uv), WeightLayout::kNK, s);
+  if (err != cudaSuccess) return err;
   return launch_skinny_gemm(
       gemm_launch(buf, p.batch, d.o_in(),
                   linear_job(w.w_o, w.w_o_stride, d.hidden, buf.o_heads, d.o_in(), y.ptr, y.stride)),
@@ -228,7 +219,7 @@ cudaError_t record_layer(const LayerGraphParams& p, int l, const LayerBuffers& b
                                        : Rows{buf.act[l % 2], hidden};
   cudaError_t err = record_projections(p, w, buf, x, s);
   if (err == cudaSuccess) err = record_q_absorb_prologue(p, w, buf, s);
-  if (err == cudaSuccess) err = record_attention_uv(p, w, buf, s);
+  if (err == cudaSuccess) err = record_attention(p, w, buf, s);
   if (err == cudaSuccess) err = record_output(p, w, buf, y, s);
   return err;
 }

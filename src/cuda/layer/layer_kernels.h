@@ -11,7 +11,6 @@
 
 #include "core/layer_workspace.h"
 #include "core/mla_shape.h"
-#include "core/params.h"
 
 namespace kf::cuda {
 
@@ -102,16 +101,6 @@ struct PrologueParams {
 // over the heads, `absorb`) and the prologue (extra blocks, one per request).
 cudaError_t launch_q_absorb_prologue(const GemmLaunch& absorb, const PrologueParams& p,
                                      cudaStream_t stream);
-
-// One launch: the merge of the attention's split partials (the decode launched without its
-// combine, launch_mla_decode_pieces) and the output absorption `uv` (o_lat W_UV[h]^T over the
-// heads), for up to kGemmNarrowMaxM rows on GPUs with thread-block clusters (uv_combine.cu).
-// uv_combine_supported says whether a launch can take this path: uv a kNK job over the heads
-// with k = 512 and 16, 32, 64 or 128 columns per head, reading o_lat = attn.out; a bf16 call
-// with s_q = 1 and one row per head.
-bool uv_combine_supported(const GemmLaunch& uv, const MlaDecodeParams& attn);
-cudaError_t launch_uv_combine(const GemmLaunch& uv, const MlaDecodeParams& attn,
-                              cudaStream_t stream);
 
 // In place: x[b, :] = bf16(rmsnorm(x[b, :]) * weight) for b < rows (the compressed query q_a).
 cudaError_t launch_rmsnorm_rows(uint16_t* x, int64_t ldx, int rows, int cols,
