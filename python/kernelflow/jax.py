@@ -78,7 +78,9 @@ def cuda_call_counts() -> dict:
     stream capturing into a CUDA graph). A replayed command buffer runs the kernels without
     calling the handler, so neither count moves then. A diagnostic: it shows whether XLA put
     the calls into its CUDA graphs (XLA_FLAGS or compiler_options
-    xla_gpu_enable_command_buffer with CUSTOM_CALL) or ran them one by one."""
+    xla_gpu_enable_command_buffer with CUSTOM_CALL, and DYNAMIC_SLICE_FUSION for calls on
+    slices of a larger array) or ran them one by one. The first execution of a compiled step
+    runs its custom calls one by one (XLA's warm-up); recording happens on the next."""
     return dict(_jax_ffi.cuda_call_counts())
 
 
