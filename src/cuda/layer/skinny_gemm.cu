@@ -64,17 +64,11 @@ cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
   return with_gemm_mt(g.m, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
     constexpr int smem = GemmShape<MT>::kSmemBytes;
-    const dim3 grid(g.tiles * g.splits), block(kGemmThreads);
-    if (cluster) {
-      auto kernel = skinny_gemm_cluster_kernel<MT, L>;
-      const cudaError_t err = allow_smem(kernel, smem);
-      if (err != cudaSuccess) return err;
-      return launch_dependent(kernel, grid, block, smem, stream, g.splits, g);
-    }
-    auto kernel = skinny_gemm_kernel<MT, L>;
+    auto kernel = cluster ? skinny_gemm_cluster_kernel<MT, L> : skinny_gemm_kernel<MT, L>;
     const cudaError_t err = allow_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    return launch_pdl(kernel, grid, block, smem, stream, g);
+    return launch_dependent(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads), smem, stream,
+                            cluster ? g.splits : 0, g);
   });
 }
 

@@ -226,6 +226,19 @@ __device__ __forceinline__ void gemm_reduce_tile(const GemmLaunch& g, const Gemm
   }
 }
 
+// This thread's accumulators into a partial tile of rows `stride` floats apart (rows < m).
+template <int MT>
+__device__ __forceinline__ void store_partial_tile(float* dst, int stride, int m,
+                                                   const float (&acc)[MT][4], int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = gemm_acc_row(j, lane, e);
+      if (row < m) dst[row * stride + gemm_acc_col(warp, lane, e)] = acc[j][e];
+    }
+}
+
 template <int MT>
 __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOperands& op,
                                               int tile, int split, int n0,
@@ -243,14 +256,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
   }
   const int64_t tile_floats = int64_t(m) * kLayerGemmTileN;
   float* tile_base = g.scratch + int64_t(tile) * g.splits * tile_floats;
-  float* mine = tile_base + split * tile_floats;
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = gemm_acc_row(j, lane, e);
-      if (row < m) mine[row * kLayerGemmTileN + gemm_acc_col(warp, lane, e)] = acc[j][e];
-    }
+  store_partial_tile<MT>(tile_base + split * tile_floats, kLayerGemmTileN, m, acc, warp, lane);
   if (!gemm_last_arrival(g.counters + tile, g.splits)) return;
   __threadfence();
   gemm_reduce_tile<(MT >= 4 ? 16 : 1)>(g, op, tile_base, tile_floats, n0);
@@ -273,13 +279,7 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
   float* part = reinterpret_cast<float*>(smem);
   const int m = g.m;
   __syncthreads();  // every warp is done reading the stages
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = gemm_acc_row(j, lane, e);
-      if (row < m) part[row * kClusterPartStride + gemm_acc_col(warp, lane, e)] = acc[j][e];
-    }
+  store_partial_tile<MT>(part, kClusterPartStride, m, acc, warp, lane);
   cluster_arrive_release();  // every split's partial is in place ...
   cluster_wait();            // ... once all have arrived
   const int splits = g.splits;
