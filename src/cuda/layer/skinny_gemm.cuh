@@ -19,8 +19,11 @@
 // B (two k16 steps).
 //
 // Programmatic dependent launch: the weight stages are requested before pdl_wait (weights never
-// depend on the previous kernel), X after; the next kernel may launch once the main loop is
-// done. Every block waits, so a kernel's completion implies its predecessors'.
+// depend on the previous kernel), X after; the next kernel may launch as soon as every block
+// has requested its first stages, so its blocks become resident beside this launch's (all of
+// whose blocks have started by then) and request their own weights while these stream: the
+// weights of consecutive GEMMs stream without a gap at the kernel boundary. Every block waits,
+// so a kernel's completion implies its predecessors'.
 //
 // Split K, two ways of adding the splits' fp32 partial tiles [M][64], both in split order (the
 // same bits on every replay, and the same bits as each other for the same split):
@@ -319,13 +322,15 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
 // kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
 // their X after it; then per stage i: wait until it has landed for every thread (which also frees
 // stage i - 1's buffer), request stage i + kStages - 1 into that buffer, multiply stage i. acc
-// starts at zero; the kernel's dependents may launch once the ring is drained.
+// starts at zero. The kernel's dependents may launch once the first weights are requested (see
+// the top of the file).
 template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply>
 __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW load_w, LoadX load_x,
                                           Multiply multiply) {
   constexpr int kAhead = kStages - 1;
   for (int i = 0; i < kAhead; ++i)
     if (i < nk) load_w(i);
+  pdl_launch_dependents();
   pdl_wait();  // X is the previous kernel's output
   for (int i = 0; i < kAhead; ++i) {
     if (i < nk) load_x(i);
@@ -347,7 +352,6 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
     multiply(i);
   }
   cp_async_wait<0>();
-  pdl_launch_dependents();
 }
 
 // Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned.
