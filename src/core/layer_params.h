@@ -123,6 +123,7 @@ inline MlaDecodeParams layer_attention_params(const LayerGraphParams& p, const L
   a.o_accum = b.o_accum;
   a.lse_accum = b.lse_accum;
   a.error_buffer = p.io.error_buffer;
+  a.combine_early_dependents = true;  // the output absorption's GEMM follows the combine
   return a;
 }
 

@@ -45,6 +45,12 @@ struct MlaDecodeParams {
   float* lse_accum;
 
   int32_t* error_buffer;  // nullable, int32[4], see kernelflow.h
+
+  // The combine lets the stream's next kernel launch at its first instruction (programmatic
+  // dependent launch) instead of after its stores: for a next kernel that streams inputs the
+  // combine does not write before it waits (the fused layer's output absorption, a GEMM that
+  // requests its weights first). False for plain calls: a next decode parked early is slower.
+  bool combine_early_dependents;
 };
 
 struct MlaMetadataParams {

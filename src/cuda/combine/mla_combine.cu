@@ -12,7 +12,9 @@
 //    rows, 4), a block's 4 warps share 128 values of the row, take rounds of 16 pieces in turn
 //    (warp w: rounds w, w + 4, ...; a round's products added in a fixed pairwise tree) and add
 //    their sums in warp order through shared memory.
-// It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes.
+// It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes, or
+// the next kernel launch at its start where the caller asks (combine_early_dependents: the fused
+// layer's output absorption streams its weights meanwhile).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -94,6 +96,7 @@ __device__ __forceinline__ void store4(T* out, float4 v) {
 template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
+  if (p.combine_early_dependents) pdl_launch_dependents();
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
   int first = 0, n = 0;
@@ -146,13 +149,14 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 #pragma unroll
   for (int j = 0; j < 4; ++j) store4<T>(out + 128 * j, acc[j]);
   if (lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
-  pdl_launch_dependents();
+  if (!p.combine_early_dependents) pdl_launch_dependents();
 }
 
 // Few requests, many pieces each: a block per (request, row, quarter of the row) (see the top).
 template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
+  if (p.combine_early_dependents) pdl_launch_dependents();
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int first = 0, n = 0;
@@ -225,7 +229,7 @@ __global__ void __launch_bounds__(kManyWarps * 32)
            int64_t(h) * p.o_head_stride + quarter * 128 + 4 * lane;
   store4<T>(out, acc);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
-  pdl_launch_dependents();
+  if (!p.combine_early_dependents) pdl_launch_dependents();
 }
 
 template <typename T>

@@ -7,7 +7,9 @@
 // the primary's first instruction would park waiting blocks on the SMs the primary still
 // runs on). The combine is launched plainly: as a dependent of the decode it is slower. The
 // fused layer's GEMMs are the exception: their dependents may launch once each block has
-// requested its first weights (skinny_gemm.cuh), so the next GEMM's weights stream meanwhile.
+// requested its first weights (skinny_gemm.cuh), so the next GEMM's weights stream meanwhile;
+// so may the layer's combine (MlaDecodeParams::combine_early_dependents), whose dependent is a
+// GEMM.
 // A kernel launched without the attribute, or before sm_90, behaves as in plain stream order.
 #pragma once
 
