@@ -1,10 +1,11 @@
-// Which calls the sm_90a decode family runs with its own kernel, and that kernel's row tiles:
+// Which calls the sm_90a decode family runs with its own kernels, and their row tiles:
 // host code with no CUDA dependency, so the CPU tests check the rule
 // (cpp_tests/test_decode_config.cpp). decode_family_sm90a.cu runs the portable kernels for the
 // rest, and gives their row tiles and blocks per SM for those calls.
 #pragma once
 
 #include "core/mla_shape.h"
+#include "cuda/decode/sm90a/mla_decode_sm90a_kv8_traits.h"
 #include "cuda/decode/sm90a/mla_decode_sm90a_traits.h"
 
 namespace kf::cuda {
@@ -17,13 +18,20 @@ namespace kf::cuda {
 // (docs/optimization/sm90a.md, sm90a-rows-16).
 constexpr int kSm90aPortableMaxRows = 16;
 
-// 16-bit caches with more than kSm90aPortableMaxRows query rows; 8-bit caches have no sm_90a
-// kernel yet.
+// 16-bit caches with more than kSm90aPortableMaxRows query rows.
 inline bool sm90a_kernel_runs(int num_rows, KvFormat kv_format) {
   return !is_8bit(kv_format) && num_rows > kSm90aPortableMaxRows;
 }
 
 // Blocks along the row axis of the sm_90a kernel for num_rows rows.
 inline int sm90a_row_tiles(int num_rows) { return ceil_div(num_rows, MlaSm90aTraits::kBlockM); }
+
+// 8-bit caches (FP8 e4m3, INT8) at every row count run the sm_90a 8-bit kernel in 16-row tiles,
+// one block per SM, when q is bf16 (its rope product multiplies q_pe by the cache's bf16 rope
+// part); with fp16 q the portable 8-bit kernel runs the call (decode_family_sm90a.cu).
+inline bool sm90a_kv8_kernel_runs(KvFormat kv_format) { return is_8bit(kv_format); }
+inline int sm90a_kv8_row_tiles(int num_rows) {
+  return ceil_div(num_rows, MlaSm90aKv8Traits::kBlockM);
+}
 
 }  // namespace kf::cuda

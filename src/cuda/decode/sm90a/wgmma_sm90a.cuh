@@ -74,6 +74,8 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
   "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127" \
   "}"
+#define KF_WGMMA_D8_REGS "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define KF_WGMMA_D8_ONLY(d) KF_WGMMA_D8_OPERANDS(d, 0)
 #define KF_WGMMA_D8_OPERANDS(d, i) \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -151,11 +153,28 @@ __device__ __forceinline__ void wgmma_ss_n256_bmn(float (&d)[128], uint64_t desc
              KF_WGMMA_D128_OPERANDS);
 }
 
+// The token-major 8-bit kernel's products (mla_decode_sm90a_kv8.cuh), N = 16 query rows:
+// D (64 x 16, fp32) = A (64 x 16, registers) B (16 x 16, shared, K-major) + (accumulate ? D : 0);
+// fp16 inputs whatever T (the 8-bit codes and q scaled into fp16's range).
+__device__ __forceinline__ void wgmma_rs_n16_f16(float (&d)[8], const uint32_t (&a)[4],
+                                                 uint64_t desc_b, int accumulate) {
+  KF_WGMMA_RS("m64n16k16", "f16", KF_WGMMA_D8_REGS, "{%8,%9,%10,%11}", "%12", "%13", "0",
+              KF_WGMMA_D8_ONLY);
+}
+// D (64 x 16, fp32) = A (64 x 16, shared, K-major) B (16 x 16, shared, K-major) + (accumulate ?
+// D : 0), bf16 inputs (the cache's rope part and q_pe).
+__device__ __forceinline__ void wgmma_ss_n16_bf16(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
+                                                  int accumulate) {
+  KF_WGMMA_SS("m64n16k16", "bf16", KF_WGMMA_D8_REGS, "%8", "%9", "%10", "0", KF_WGMMA_D8_ONLY);
+}
+
 #undef KF_WGMMA_T
 #undef KF_WGMMA_SS
 #undef KF_WGMMA_RS
 #undef KF_WGMMA_D128_OPERANDS
 #undef KF_WGMMA_D32_OPERANDS
+#undef KF_WGMMA_D8_ONLY
+#undef KF_WGMMA_D8_REGS
 #undef KF_WGMMA_D8_OPERANDS
 #undef KF_WGMMA_D128_REGS
 #undef KF_WGMMA_D32_REGS
@@ -216,6 +235,17 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+      : "memory");
+}
+// The same for the box at (c0, c1) of a 2-D tensor map.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int c0, int c1,
+                                            uint32_t bar) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const void* map) {
