@@ -1,6 +1,6 @@
-// The consumer warpgroup of the sm_90a 8-bit decode kernel (mla_decode_sm90a_kv8.cuh): a piece's
-// Q, one KV tile's scores, softmax and product, and the piece's epilogue. Token-major: the
-// tile's 64 tokens are the M of every wgmma and the block's 16 query rows its N.
+// A consumer warpgroup of the sm_90a 8-bit decode kernel (mla_decode_sm90a_kv8.cuh): a piece's
+// Q, one KV tile's scores, softmax and product. Token-major: the tile's 64 tokens are the M of
+// every wgmma and the block's 16 query rows its N.
 //
 // Fragments (wgmma_sm90a.cuh; warp w of the warpgroup, lane = 4 g + t): an m64n16 accumulator
 // d[4 j + 2 h + e] is M row 16 w + g + 8 h, query row n = 8 j + 2 t + e. The A fragment of a k16
@@ -44,9 +44,14 @@ namespace kf::cuda::sm90a_kv8 {
 
 using Tr = MlaSm90aKv8Traits;
 using sm90a::smem_desc_sw128;
-constexpr int kBarConsumers = 1;  // named barrier of the consumer warpgroup (128 threads)
+// Named barriers (0 is __syncthreads): consumer warpgroup wg alone is 1 + wg; both consumer
+// warpgroups kBarConsumers.
+constexpr int kBarConsumers = 3;
 
-__device__ __forceinline__ void consumer_sync() { named_barrier(kBarConsumers, Tr::kConsumerThreads); }
+__device__ __forceinline__ void group_sync(int wg) { named_barrier(1 + wg, Tr::kGroupThreads); }
+__device__ __forceinline__ void consumers_sync() {
+  named_barrier(kBarConsumers, Tr::kConsumerThreads);
+}
 
 // The block's shared memory, from the 1024-aligned base.
 struct Smem {
@@ -59,15 +64,26 @@ struct Smem {
   __device__ __forceinline__ const uint8_t* stage_ptr(int s) const {
     return base + Tr::kStagesOff + s * Tr::kStageBytes;
   }
-  __device__ __forceinline__ uint32_t p_tile() const { return base_u32 + Tr::kPOff; }
+  __device__ __forceinline__ uint32_t p_tile(int wg) const {
+    return base_u32 + Tr::kPOff + wg * Tr::kPBytes;
+  }
   __device__ __forceinline__ float* q_inv() const {
     return reinterpret_cast<float*>(base + Tr::kQInvOff);
   }
-  __device__ __forceinline__ float* red(int parity, int warp) const {
-    return reinterpret_cast<float*>(base + Tr::kRedOff) + (parity * 4 + warp) * Tr::kRedStride;
+  __device__ __forceinline__ float* red(int wg, int parity, int warp) const {
+    return reinterpret_cast<float*>(base + Tr::kRedOff) +
+           ((wg * 2 + parity) * 4 + warp) * Tr::kRedStride;
   }
-  __device__ __forceinline__ float* row_sum(int warp) const {
-    return reinterpret_cast<float*>(base + Tr::kRowSumOff) + warp * Tr::kBlockM;
+  __device__ __forceinline__ float* row_sum(int wg, int warp) const {
+    return reinterpret_cast<float*>(base + Tr::kRowSumOff) + (wg * 4 + warp) * Tr::kBlockM;
+  }
+  // Warpgroup 1's rows for the merge: m [16], l [16], unit; its O, float i of thread j at
+  // merge_o()[i * 128 + j].
+  __device__ __forceinline__ float* merge_rows() const {
+    return reinterpret_cast<float*>(base + Tr::kMergeOff);
+  }
+  __device__ __forceinline__ float* merge_o() const {
+    return reinterpret_cast<float*>(base + Tr::kMergeOOff);
   }
   __device__ __forceinline__ uint32_t full(int s) const { return base_u32 + Tr::kBarOff + 8 * s; }
   __device__ __forceinline__ uint32_t empty(int s) const {
@@ -85,11 +101,12 @@ struct Smem {
   }
 };
 
-// A consumer thread's place: warp w (0..3), g = lane / 4, t = lane % 4.
+// A consumer thread's place: warpgroup wg, warp w (0..3) in it, g = lane / 4, t = lane % 4.
 struct Lane {
-  int w, lane, g, t;
+  int wg, w, lane, g, t, gtid;
   __device__ __forceinline__ explicit Lane(int tid)
-      : w(tid >> 5), lane(tid & 31), g((tid & 31) >> 2), t(tid & 3) {}
+      : wg(tid >> 7), w((tid >> 5) & 3), lane(tid & 31), g((tid & 31) >> 2), t(tid & 3),
+        gtid(tid & 127) {}
   // The query row of accumulator column c = 2 j + e (j, e < 2).
   __device__ __forceinline__ int col(int c) const { return 8 * (c >> 1) + 2 * t + (c & 1); }
 };
@@ -171,15 +188,28 @@ struct PieceState {
 };
 
 // ---- one tile ----
+// Token rows 16 w + g and + 8 of the tile in stage s: 16-byte chunk 4 G + t of their 512 codes
+// (the scores' k16 steps 4 G .. 4 G + 3).
+__device__ __forceinline__ void load_k_chunks(const Smem& sm, int s, int G, const Lane& ln,
+                                              uint4& x0, uint4& x1) {
+  const uint8_t* sp = sm.stage_ptr(s) + (G >> 1) * Tr::kLatBlockBytes;
+  const int r0 = 16 * ln.w + ln.g, c = 4 * (G & 1) + ln.t;
+  x0 = *reinterpret_cast<const uint4*>(sp + swz(r0, c));
+  x1 = *reinterpret_cast<const uint4*>(sp + swz(r0 + 8, c));
+}
+
 // Issue S^T for the tile in stage s: the rope part (bf16, both operands in shared memory) into
 // sr, the latent part (fp16 codes converted into A fragments, q16 in shared memory) into sl.
-// A group per 64 dims; on return only the last may be pending.
+// A group per 64 dims, the next group's codes loaded before the wait for the one before (a
+// wgmma reads its A registers asynchronously: at most two groups' fragments are in flight); on
+// return only the last group may be pending.
 template <int kFmt>
 __device__ __forceinline__ void issue_scores(float (&sl)[8], float (&sr)[8], const Smem& sm,
                                              int s, const Lane& ln) {
-  const uint32_t st = sm.stage(s);
   const uint64_t dq = smem_desc_sw128(sm.q(), 16, 1024);
-  const uint64_t dr = smem_desc_sw128(st + Tr::kStageRopeOff, 16, 1024);
+  const uint64_t dr = smem_desc_sw128(sm.stage(s) + Tr::kStageRopeOff, 16, 1024);
+  uint4 x0, x1;
+  load_k_chunks(sm, s, 0, ln, x0, x1);
   sm90a::reg_fence_all(sl);  // the last tile's softmax is done with them
   sm90a::reg_fence_all(sr);
   sm90a::wgmma_fence();
@@ -187,14 +217,8 @@ __device__ __forceinline__ void issue_scores(float (&sl)[8], float (&sr)[8], con
   for (int kk = 0; kk < 4; ++kk)
     sm90a::wgmma_ss_n16_bf16(sr, dr + (uint32_t(kk * 32) >> 4),
                              dq + (uint32_t(8 * Tr::kQBlockBytes + kk * 32) >> 4), kk > 0);
-  // Token rows 16 w + g (x0) and + 8 (x1); 16-byte chunk 4 G + t of their 512 codes.
-  const uint8_t* sp = sm.stage_ptr(s);
-  const int r0 = 16 * ln.w + ln.g, r1 = r0 + 8;
 #pragma unroll
   for (int G = 0; G < 8; ++G) {
-    const int blk = G >> 1, c = 4 * (G & 1) + ln.t;
-    const uint4 x0 = *reinterpret_cast<const uint4*>(sp + blk * Tr::kLatBlockBytes + swz(r0, c));
-    const uint4 x1 = *reinterpret_cast<const uint4*>(sp + blk * Tr::kLatBlockBytes + swz(r1, c));
     const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
     uint32_t a[4][4];
 #pragma unroll
@@ -208,30 +232,38 @@ __device__ __forceinline__ void issue_scores(float (&sl)[8], float (&sr)[8], con
       sm90a::wgmma_rs_n16_f16(sl, a[i], dq + (uint32_t(G * Tr::kQBlockBytes + i * 32) >> 4),
                               G > 0 || i > 0);
     sm90a::wgmma_commit();
-    // A wgmma reads its A registers asynchronously: at most two groups' fragments in flight.
+    if (G < 7) load_k_chunks(sm, s, G + 1, ln, x0, x1);
     sm90a::wgmma_wait<1>();
   }
 }
 
-// Issue O^T += V^T P'^T for the tile in stage s (P'^T in the P tile): per k16 step kt the
-// thread's four tokens 16 kt + 2 t + {0, 1, 8, 9}, 16 codes each (dims 128 w + 16 g ..); tokens
-// not to be read (zero_mask bit set: past the piece's end) are taken as zeros, so NaN in page
-// padding never reaches the product. A group per k16 step, all complete on return.
+// The thread's four tokens 16 kt + 2 t + {0, 1, 8, 9} of the tile in stage s, 16 codes each
+// (dims 128 w + 16 g ..); tokens with their zero_mask bit set (past the piece's end) as zeros,
+// so NaN in page padding never reaches the product.
+__device__ __forceinline__ void load_v_chunks(const Smem& sm, int s, int kt, uint64_t zero_mask,
+                                              const Lane& ln, uint32_t (&x)[4][4]) {
+  const uint8_t* sp = sm.stage_ptr(s) + ln.w * Tr::kLatBlockBytes;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int tok = 16 * kt + 2 * ln.t + (u & 1) + 8 * (u >> 1);
+    uint4 v = *reinterpret_cast<const uint4*>(sp + swz(tok, ln.g));
+    if ((zero_mask >> tok) & 1u) v = make_uint4(0u, 0u, 0u, 0u);
+    x[u][0] = v.x, x[u][1] = v.y, x[u][2] = v.z, x[u][3] = v.w;
+  }
+}
+
+// Issue O^T += V^T P'^T for the tile in stage s (P'^T in this warpgroup's P tile). A group per
+// k16 step, the next step's codes loaded before the wait for the one before; all complete on
+// return (a product pending across the tile loop's back edge makes ptxas serialize every wgmma,
+// C7514, as the rescale of O reads the accumulators).
 template <int kFmt>
 __device__ __forceinline__ void issue_output(float (&o)[8][8], const Smem& sm, int s,
                                              uint64_t zero_mask, const Lane& ln) {
-  const uint8_t* sp = sm.stage_ptr(s) + ln.w * Tr::kLatBlockBytes;
-  const uint64_t dp = smem_desc_sw128(sm.p_tile(), 16, 1024);
+  const uint64_t dp = smem_desc_sw128(sm.p_tile(ln.wg), 16, 1024);
+  uint32_t x[4][4];
+  load_v_chunks(sm, s, 0, zero_mask, ln, x);
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
-    uint32_t x[4][4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int tok = 16 * kt + 2 * ln.t + (u & 1) + 8 * (u >> 1);
-      uint4 v = *reinterpret_cast<const uint4*>(sp + swz(tok, ln.g));
-      if ((zero_mask >> tok) & 1u) v = make_uint4(0u, 0u, 0u, 0u);
-      x[u][0] = v.x, x[u][1] = v.y, x[u][2] = v.z, x[u][3] = v.w;
-    }
     uint32_t a[8][4];
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -249,44 +281,43 @@ __device__ __forceinline__ void issue_output(float (&o)[8][8], const Smem& sm, i
     for (int c = 0; c < 8; ++c)
       sm90a::wgmma_rs_n16_f16(o[c], a[c], dp + (uint32_t(kt * 32) >> 4), 1);
     sm90a::wgmma_commit();
-    // A wgmma reads its A registers asynchronously: two groups' fragments in flight at most,
-    // and none past the last step (a product pending across the tile loop's back edge makes
-    // ptxas serialize every wgmma, C7514, as the rescale of O reads the accumulators).
-    if (kt < 3)
+    if (kt < 3) {
+      load_v_chunks(sm, s, kt + 1, zero_mask, ln, x);
       sm90a::wgmma_wait<1>();
-    else
+    } else {
       sm90a::wgmma_wait<0>();
+    }
   }
 }
 
-// The scale of tile token tok in stage s (page j of the tile at 256 j).
-__device__ __forceinline__ float token_scale(const Smem& sm, int s, int tok, int page_rows) {
-  const int j = tok / page_rows;
-  return *reinterpret_cast<const float*>(sm.stage_ptr(s) + Tr::kStageScaleOff + 256 * j +
-                                         4 * (tok - j * page_rows));
+// The scales of the thread's tokens 16 w + g + 8 h of the tile in stage s (page j of the tile
+// at 256 j).
+__device__ __forceinline__ void load_scales(const Smem& sm, int s, int page_rows, const Lane& ln,
+                                            float (&sc)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int tok = 16 * ln.w + ln.g + 8 * h, j = tok / page_rows;
+    sc[h] = *reinterpret_cast<const float*>(sm.stage_ptr(s) + Tr::kStageScaleOff + 256 * j +
+                                            4 * (tok - j * page_rows));
+  }
 }
 
 // The online softmax of one tile (token tok0 of the request at tile token 0, the piece ending at
-// token end): the scores from
-// sl, sr into P'^T (shared, fp16), O rescaled, m, l and the unit advanced. A score is seen when
-// its token was copied (ok bit) and lies inside the row's limit; unseen ones give p = 0. The
-// tile's max (and min, for the non-finite check) of each row and its largest scale come from all
-// four warps through shared memory (red, by tile parity). As in the other kernels, a seen
-// infinite score makes its row's p NaN. P'^T is fenced for the async proxy and published by the
-// consumer barrier at the end.
+// token end; sc: the scales of the thread's tokens): the scores from sl, sr into P'^T (shared,
+// fp16), O rescaled, m, l and the unit advanced. A score is seen when its token was copied (ok
+// bit) and lies inside the row's limit; unseen ones give p = 0. The tile's max (and min, for the
+// non-finite check) of each row and its largest scale come from the warpgroup's four warps
+// through shared memory (red, by tile parity). As in the other kernels, a seen infinite score
+// makes its row's p NaN. P'^T is fenced for the async proxy and published by the warpgroup's
+// barrier at the end.
 __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8],
                                              float (&o)[8][8], PieceState& ps, const Smem& sm,
-                                             int s, int tok0, int end, uint64_t ok, int page_rows,
+                                             const float (&sc)[2], int tok0, int end, uint64_t ok,
                                              int parity, float scale_log2, const Lane& ln) {
-  float sc[2];
   bool tok_in[2];
   float smax = 0.f;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int tok = 16 * ln.w + ln.g + 8 * h;
-    tok_in[h] = ((ok >> tok) & 1u) != 0;
-    sc[h] = token_scale(sm, s, tok, page_rows);
-  }
+  for (int h = 0; h < 2; ++h) tok_in[h] = ((ok >> (16 * ln.w + ln.g + 8 * h)) & 1u) != 0;
   float hi[4], lo[4];
   uint32_t seen = 0;  // bit i: score i takes part
 #pragma unroll
@@ -314,7 +345,7 @@ __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8
     }
     smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, d));
   }
-  float* red = sm.red(parity, ln.w);
+  float* red = sm.red(ln.wg, parity, ln.w);
   if (ln.g == 0) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -323,11 +354,11 @@ __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8
     }
     if (ln.t == 0) red[2 * Tr::kBlockM] = smax;
   }
-  consumer_sync();
+  group_sync(ln.wg);
   float tmax = 0.f;
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-    const float* rw = sm.red(parity, w);
+    const float* rw = sm.red(ln.wg, parity, w);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       hi[c] = fmaxf(hi[c], rw[ln.col(c)]);
@@ -351,7 +382,7 @@ __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8
   }
   ps.unit = s_tile;
   // P' = p scale_t / S_tile into P'^T (row = query row, k = token).
-  const uint32_t pt = sm.p_tile();
+  const uint32_t pt = sm.p_tile(ln.wg);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int h = (i >> 1) & 1, c = 2 * (i >> 2) + (i & 1);
@@ -371,7 +402,7 @@ __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[c8][i] *= f[2 * (i >> 2) + (i & 1)];
   }
-  consumer_sync();  // P'^T is complete for the product
+  group_sync(ln.wg);  // P'^T is complete for the product
 }
 
 }  // namespace kf::cuda::sm90a_kv8

@@ -179,6 +179,18 @@ __device__ __forceinline__ void wgmma_ss_n16_bf16(float (&d)[8], uint64_t desc_a
 #undef KF_WGMMA_D128_REGS
 #undef KF_WGMMA_D32_REGS
 
+// ---- register budget per warpgroup ----
+// Every thread of the warpgroup executes it: the warpgroup's registers per thread become N
+// (a multiple of 8, 24..256), released to or taken from the block's pool.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ---- mbarriers (shared::cta, 64-bit) ----
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
