@@ -20,6 +20,33 @@
 #if KF_TESTS_WITH_CUDA
 namespace kft {
 
+// An environment variable set to `value` for the scope of one check ("" unsets it); the previous
+// value comes back at the end of the scope. For the switches the library reads at every call
+// (KF_KERNEL_FAMILY, KF_SM90A_KV8: src/cuda/common/switches.h).
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) prev_ = prev;
+    set(value);
+  }
+  ~EnvScope() { set(had_ ? prev_.c_str() : ""); }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+
+ private:
+  void set(const char* value) const {
+    if (value[0] == '\0')
+      unsetenv(name_.c_str());
+    else
+      setenv(name_.c_str(), value, 1);
+  }
+  std::string name_;
+  bool had_ = false;
+  std::string prev_;
+};
+
 // A device copy of a HostTensor on cuda:0: same dtype, shape and strides, uploaded whole.
 class DeviceTensor {
  public:

@@ -120,7 +120,8 @@ void for_each_device(const BuildArchs& b, Check check) {
 }
 
 // 16-bit caches above 16 rows run the sm_90a kernel in 64-row tiles; 16 rows or fewer run the
-// portable kernels; every 8-bit cache runs the sm_90a 8-bit kernel in 16-row tiles.
+// portable kernels; 8-bit caches run the sm_90a 8-bit kernel in 16-row tiles with its switch
+// (KF_SM90A_KV8), the portable kernels without.
 TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   for (KvFormat f : kFormats) {
     for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
@@ -135,8 +136,11 @@ TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   EXPECT_EQ(kf::cuda::sm90a_row_tiles(128), 2);
   EXPECT_EQ(kf::cuda::sm90a_row_tiles(256), 4);
   EXPECT_EQ(kf::cuda::sm90a_row_tiles(kf::kMaxHeads * kf::kMaxSq), 32);
-  for (KvFormat f : kFormats)
-    EXPECT_EQ(kf::cuda::sm90a_kv8_kernel_runs(f), f == KvFormat::kFP8E4M3 || f == KvFormat::kINT8);
+  for (KvFormat f : kFormats) {
+    EXPECT_EQ(kf::cuda::sm90a_kv8_kernel_runs(f, true),
+              f == KvFormat::kFP8E4M3 || f == KvFormat::kINT8);
+    EXPECT_FALSE(kf::cuda::sm90a_kv8_kernel_runs(f, false));
+  }
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(1), 1);
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(16), 1);
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(17), 2);

@@ -179,8 +179,11 @@ TEST(GpuKv8Decode, MatchesCpuBackendAndRerunsBitIdentical) {
     bool bf16;
     int h_q, s_q, ps;
   };
+  for (const char* kv8 : {"", "1"})  // KF_SM90A_KV8: on an H200, the sm_90a 8-bit kernel too
   for (kf_kv_format fmt : kFormats8)
     for (C c : {C{true, 16, 1, 64}, C{false, 16, 2, 16}, C{true, 128, 1, 32}, C{false, 8, 4, 256}}) {
+      SCOPED_TRACE(std::string("KF_SM90A_KV8=") + kv8);
+      EnvScope kv8_scope("KF_SM90A_KV8", kv8);
       auto rng = test_rng(fmt * 1000 + c.h_q * 10 + c.s_q);
       Problem pr;
       pr.bf16 = c.bf16, pr.h_q = c.h_q, pr.s_q = c.s_q, pr.page_size = c.ps;

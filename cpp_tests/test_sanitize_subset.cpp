@@ -263,12 +263,15 @@ TEST(GpuSanitizeAppend, WritesTheCpuBytes) {
 #endif
 }
 
-// 8-bit caches: the GPU appends the CPU's bytes and decodes like the CPU backend. Skips while
-// the CUDA backend reports the 8-bit formats unsupported.
+// 8-bit caches: the GPU appends the CPU's bytes and decodes like the CPU backend, with and
+// without KF_SM90A_KV8 (on an H200: the sm_90a 8-bit kernel, else the portable one).
 TEST(GpuSanitize8bit, AppendAndDecodeMatchCpu) {
   KF_REQUIRE_GPU();
 #if KF_TESTS_WITH_CUDA
+  for (const char* kv8 : {"", "1"})
   for (kf_kv_format fmt : {KF_KV_FP8_E4M3, KF_KV_INT8}) {
+    SCOPED_TRACE(std::string("KF_SM90A_KV8=") + kv8);
+    EnvScope kv8_scope("KF_SM90A_KV8", kv8);
     auto rng = test_rng(fmt);
     Problem pr = small_problem({150, 0, 77}, 16, 5);
     pr.s_q = 2;

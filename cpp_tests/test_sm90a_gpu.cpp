@@ -15,29 +15,10 @@ namespace {
 
 #if KF_TESTS_WITH_CUDA
 
-// KF_KERNEL_FAMILY for the scope of one check ("" unsets it: the default family). The
-// library reads it at every CUDA call; the previous value comes back at the end of the scope.
-class FamilyScope {
+// KF_KERNEL_FAMILY for the scope of one check ("" unsets it: the default family).
+class FamilyScope : public EnvScope {
  public:
-  explicit FamilyScope(const char* value) {
-    const char* prev = std::getenv("KF_KERNEL_FAMILY");
-    had_ = prev != nullptr;
-    if (had_) prev_ = prev;
-    set(value);
-  }
-  ~FamilyScope() { set(had_ ? prev_.c_str() : ""); }
-  FamilyScope(const FamilyScope&) = delete;
-  FamilyScope& operator=(const FamilyScope&) = delete;
-
- private:
-  static void set(const char* value) {
-    if (value[0] == '\0')
-      unsetenv("KF_KERNEL_FAMILY");
-    else
-      setenv("KF_KERNEL_FAMILY", value, 1);
-  }
-  bool had_ = false;
-  std::string prev_;
+  explicit FamilyScope(const char* value) : EnvScope("KF_KERNEL_FAMILY", value) {}
 };
 
 // Why the sm_90a family does not run here ("" when it does): it needs a 9.0 device and a build

@@ -12,7 +12,7 @@ import pytest
 import kernelflow as kf
 from graph_util import capture_graph
 from inputs import HEAD, LATENT, make_case, numpy_dtype
-from kernel_family import kernel_family  # noqa: F401  (the fixture)
+from kernel_family import kernel_family_8bit  # noqa: F401  (the fixture)
 from kernelflow import reference as ref
 
 BYTES_8BIT = 644
@@ -175,7 +175,7 @@ def case8(rng, seqlens, h_q, s_q, page, dtype, fmt):
         torch.from_numpy(case.seqlens)
 
 
-@pytest.mark.usefixtures("kernel_family")
+@pytest.mark.usefixtures("kernel_family_8bit")
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -196,7 +196,7 @@ def test_gpu_decode_matches_cpu_backend(rng, fmt, dtype, page, h_q, s_q):
     assert vs_cpu.ok, f"{what}: {vs_cpu}"
 
 
-@pytest.mark.usefixtures("kernel_family")
+@pytest.mark.usefixtures("kernel_family_8bit")
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -220,7 +220,7 @@ def test_gpu_decode_8bit_q_magnitudes(rng, fmt, dtype, mag):
     assert vs_cpu.ok, f"{what}: {vs_cpu}"
 
 
-@pytest.mark.usefixtures("kernel_family")
+@pytest.mark.usefixtures("kernel_family_8bit")
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -234,7 +234,7 @@ def test_gpu_decode_8bit_reruns_bit_identical(rng, fmt):
         assert torch.equal(lse.view(torch.int32), runs[0][1].view(torch.int32))
 
 
-@pytest.mark.usefixtures("kernel_family")
+@pytest.mark.usefixtures("kernel_family_8bit")
 @pytest.mark.gpu
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("fmt,dtype", [("fp8_e4m3", "bfloat16"), ("int8", "float16")])

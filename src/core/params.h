@@ -49,7 +49,8 @@ struct MlaDecodeParams {
   // The combine lets the stream's next kernel launch at its first instruction (programmatic
   // dependent launch) instead of after its stores: for a next kernel that streams inputs the
   // combine does not write before it waits (the fused layer's output absorption, a GEMM that
-  // requests its weights first). False for plain calls: a next decode parked early is slower.
+  // requests its weights first), and the combine is launched as a programmatic dependent of the
+  // decode. False for plain calls: a next decode parked early is slower.
   bool combine_early_dependents;
 };
 

@@ -14,7 +14,9 @@
 //    their sums in warp order through shared memory.
 // It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes, or
 // the next kernel launch at its start where the caller asks (combine_early_dependents: the fused
-// layer's output absorption streams its weights meanwhile).
+// layer's output absorption streams its weights meanwhile). Under that flag the combine is
+// itself launched as a programmatic dependent of the decode and waits for it before its first
+// read; plain calls launch it plainly.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -97,6 +99,7 @@ template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
   if (p.combine_early_dependents) pdl_launch_dependents();
+  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
   int first = 0, n = 0;
@@ -157,6 +160,7 @@ template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
   if (p.combine_early_dependents) pdl_launch_dependents();
+  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int first = 0, n = 0;
@@ -237,13 +241,19 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
   // warps of a block split the pieces, so a row's long piece list is not one warp's serial
   // chain. Otherwise a warp per row: typically 2-5 pieces, the row's lse values reduced once,
-  // one wave of blocks. A plain launch: as a programmatic dependent of the decode the combine
-  // is slower (pdl.cuh).
+  // one wave of blocks. Plain calls launch it plainly (as a programmatic dependent of the decode
+  // the standalone decode was slower, pdl.cuh); in the fused layer (combine_early_dependents),
+  // where its own dependent streams weights early, as a programmatic dependent (faster there:
+  // docs/optimization/layer.md).
   if (p.num_workers >= 32 * p.batch) {
     const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
+    if (p.combine_early_dependents)
+      return launch_pdl(mla_combine_pieces_kernel<T>, grid, dim3(kManyWarps * 32), 0, stream, p);
     mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);
   } else {
     const dim3 grid(p.batch, ceil_div(p.num_rows, kRowsPerBlock));
+    if (p.combine_early_dependents)
+      return launch_pdl(mla_combine_rows_kernel<T>, grid, dim3(kRowsPerBlock * 32), 0, stream, p);
     mla_combine_rows_kernel<T><<<grid, kRowsPerBlock * 32, 0, stream>>>(p);
   }
   return cudaGetLastError();

@@ -1,5 +1,5 @@
 // The run-time switches of the CUDA backend: the one place the library reads its environment,
-// each variable once per process (KF_KERNEL_FAMILY: at every call, see below). For tests, A/B timings and tools; docs/design.md ("Run-time
+// each variable once per process (KF_KERNEL_FAMILY and KF_SM90A_KV8: at every call, see below). For tests, A/B timings and tools; docs/design.md ("Run-time
 // switches") lists them. A flag is on when set to anything not starting with '0'.
 #pragma once
 
@@ -32,6 +32,13 @@ inline bool switch_nvtx() {
   static const bool on = detail::env_flag("KF_NVTX");
   return on;
 }
+
+// KF_SM90A_KV8: the sm_90a family runs FP8 and INT8 caches with bf16 q on its 8-bit kernel
+// (mla_decode_sm90a_kv8.cuh) instead of the portable one. Off by default: on the H200 it is
+// faster from about 64 requests of 4096 tokens at h_q 16 and slower below
+// (docs/optimization/sm90a.md). Read at every call like KF_KERNEL_FAMILY, so a test process runs
+// both; the scheduler metadata must be made under the same setting as the decode that reads it.
+inline bool switch_sm90a_kv8() { return detail::env_flag("KF_SM90A_KV8"); }
 
 // KF_KERNEL_FAMILY's value ("" when unset): "sm80" runs the portable family everywhere, "" or
 // "auto" picks per device (cuda/family.h parses it). Unlike the other switches it is read at

@@ -26,10 +26,15 @@ inline bool sm90a_kernel_runs(int num_rows, KvFormat kv_format) {
 // Blocks along the row axis of the sm_90a kernel for num_rows rows.
 inline int sm90a_row_tiles(int num_rows) { return ceil_div(num_rows, MlaSm90aTraits::kBlockM); }
 
-// 8-bit caches (FP8 e4m3, INT8) at every row count run the sm_90a 8-bit kernel in 16-row tiles,
-// one block per SM, when q is bf16 (its rope product multiplies q_pe by the cache's bf16 rope
-// part); with fp16 q the portable 8-bit kernel runs the call (decode_family_sm90a.cu).
-inline bool sm90a_kv8_kernel_runs(KvFormat kv_format) { return is_8bit(kv_format); }
+// With kv8_switch (KF_SM90A_KV8, cuda/common/switches.h), 8-bit caches (FP8 e4m3, INT8) at
+// every row count run the sm_90a 8-bit kernel in 16-row tiles, one block per SM, when q is bf16
+// (its rope product multiplies q_pe by the cache's bf16 rope part); with fp16 q the portable
+// 8-bit kernel runs the call (decode_family_sm90a.cu). Without the switch every 8-bit cache runs
+// the portable kernel: the 8-bit wgmma kernel is faster only at large batches
+// (docs/optimization/sm90a.md, sm90a-kv8).
+inline bool sm90a_kv8_kernel_runs(KvFormat kv_format, bool kv8_switch) {
+  return kv8_switch && is_8bit(kv_format);
+}
 inline int sm90a_kv8_row_tiles(int num_rows) {
   return ceil_div(num_rows, MlaSm90aKv8Traits::kBlockM);
 }

@@ -208,7 +208,7 @@ template <int kFmt>
 __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Smem& sm, int n,
                                               uint32_t& it, int row0, const Lane& ln) {
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  const int page_rows = p.page_size < Tr::kBlockN ? p.page_size : Tr::kBlockN;
+  const int rows_shift = p.page_shift < 6 ? p.page_shift : 6;  // a tile page's tokens, log2
   for (int pi = 0; pi < n; ++pi) {
     const PieceRun e = sm.pieces()[pi];
     if (ln.wg == 0) {
@@ -240,7 +240,7 @@ __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Sm
       sm90a::mbar_wait(sm.full(s), (t_it / Tr::kStages) & 1u);
       const uint64_t ok = *sm.tok_ok(s);
       float sc[2];
-      load_scales(sm, s, page_rows, ln, sc);
+      load_scales(sm, s, rows_shift, ln, sc);
       float sl[8], sr[8];
       issue_scores<kFmt>(sl, sr, sm, s, ln);
       sm90a::wgmma_wait<0>();
@@ -252,7 +252,10 @@ __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Sm
       // Tokens past the piece's end are read as zeros in the product.
       const int valid = e.end - tok;
       const uint64_t zero_mask = valid >= 64 ? 0ull : ~0ull << valid;
-      issue_output<kFmt>(o, sm, s, zero_mask, ln);
+      if (zero_mask == 0)
+        issue_output<kFmt, false>(o, sm, s, 0, ln);
+      else
+        issue_output<kFmt, true>(o, sm, s, zero_mask, ln);
       __syncwarp();  // the warp's products that read the stage are complete
       if (ln.lane == 0) sm90a::mbar_arrive(sm.empty(s));
     }

@@ -240,6 +240,7 @@ __device__ __forceinline__ void issue_scores(float (&sl)[8], float (&sr)[8], con
 // The thread's four tokens 16 kt + 2 t + {0, 1, 8, 9} of the tile in stage s, 16 codes each
 // (dims 128 w + 16 g ..); tokens with their zero_mask bit set (past the piece's end) as zeros,
 // so NaN in page padding never reaches the product.
+template <bool kPartial>
 __device__ __forceinline__ void load_v_chunks(const Smem& sm, int s, int kt, uint64_t zero_mask,
                                               const Lane& ln, uint32_t (&x)[4][4]) {
   const uint8_t* sp = sm.stage_ptr(s) + ln.w * Tr::kLatBlockBytes;
@@ -247,7 +248,7 @@ __device__ __forceinline__ void load_v_chunks(const Smem& sm, int s, int kt, uin
   for (int u = 0; u < 4; ++u) {
     const int tok = 16 * kt + 2 * ln.t + (u & 1) + 8 * (u >> 1);
     uint4 v = *reinterpret_cast<const uint4*>(sp + swz(tok, ln.g));
-    if ((zero_mask >> tok) & 1u) v = make_uint4(0u, 0u, 0u, 0u);
+    if (kPartial && ((zero_mask >> tok) & 1u)) v = make_uint4(0u, 0u, 0u, 0u);
     x[u][0] = v.x, x[u][1] = v.y, x[u][2] = v.z, x[u][3] = v.w;
   }
 }
@@ -255,13 +256,14 @@ __device__ __forceinline__ void load_v_chunks(const Smem& sm, int s, int kt, uin
 // Issue O^T += V^T P'^T for the tile in stage s (P'^T in this warpgroup's P tile). A group per
 // k16 step, the next step's codes loaded before the wait for the one before; all complete on
 // return (a product pending across the tile loop's back edge makes ptxas serialize every wgmma,
-// C7514, as the rescale of O reads the accumulators).
-template <int kFmt>
+// C7514, as the rescale of O reads the accumulators). kPartial: some tokens are past the
+// piece's end (zero_mask != 0).
+template <int kFmt, bool kPartial>
 __device__ __forceinline__ void issue_output(float (&o)[8][8], const Smem& sm, int s,
                                              uint64_t zero_mask, const Lane& ln) {
   const uint64_t dp = smem_desc_sw128(sm.p_tile(ln.wg), 16, 1024);
   uint32_t x[4][4];
-  load_v_chunks(sm, s, 0, zero_mask, ln, x);
+  load_v_chunks<kPartial>(sm, s, 0, zero_mask, ln, x);
 #pragma unroll
   for (int kt = 0; kt < 4; ++kt) {
     uint32_t a[8][4];
@@ -282,7 +284,7 @@ __device__ __forceinline__ void issue_output(float (&o)[8][8], const Smem& sm, i
       sm90a::wgmma_rs_n16_f16(o[c], a[c], dp + (uint32_t(kt * 32) >> 4), 1);
     sm90a::wgmma_commit();
     if (kt < 3) {
-      load_v_chunks(sm, s, kt + 1, zero_mask, ln, x);
+      load_v_chunks<kPartial>(sm, s, kt + 1, zero_mask, ln, x);
       sm90a::wgmma_wait<1>();
     } else {
       sm90a::wgmma_wait<0>();
@@ -291,14 +293,14 @@ __device__ __forceinline__ void issue_output(float (&o)[8][8], const Smem& sm, i
 }
 
 // The scales of the thread's tokens 16 w + g + 8 h of the tile in stage s (page j of the tile
-// at 256 j).
-__device__ __forceinline__ void load_scales(const Smem& sm, int s, int page_rows, const Lane& ln,
+// at 256 j; a tile's pages hold 2^rows_shift of its tokens).
+__device__ __forceinline__ void load_scales(const Smem& sm, int s, int rows_shift, const Lane& ln,
                                             float (&sc)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int tok = 16 * ln.w + ln.g + 8 * h, j = tok / page_rows;
+    const int tok = 16 * ln.w + ln.g + 8 * h, j = tok >> rows_shift;
     sc[h] = *reinterpret_cast<const float*>(sm.stage_ptr(s) + Tr::kStageScaleOff + 256 * j +
-                                            4 * (tok - j * page_rows));
+                                            4 * (tok - (j << rows_shift)));
   }
 }
 
@@ -322,14 +324,29 @@ __device__ __forceinline__ void tile_softmax(float (&sl)[8], const float (&sr)[8
   uint32_t seen = 0;  // bit i: score i takes part
 #pragma unroll
   for (int c = 0; c < 4; ++c) hi[c] = -INFINITY, lo[c] = INFINITY;
+  // Tiles inside every row's limit with every page copied (all but a piece's last tiles and bad
+  // pages) take a branch without per-score tests.
+  const bool whole =
+      ok == ~0ull && tok0 + Tr::kBlockN <= min(min(ps.lim[0], ps.lim[1]), min(ps.lim[2], ps.lim[3]));
+  if (__all_sync(0xffffffffu, whole)) {
+    seen = 0xffu;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int h = (i >> 1) & 1, c = 2 * (i >> 2) + (i & 1);
-    sl[i] = fmaf(sl[i], sc[h] * ps.qinv[c], sr[i]) * scale_log2;
-    const bool in = tok_in[h] && tok0 + 16 * ln.w + ln.g + 8 * h < ps.lim[c];
-    seen |= uint32_t(in) << i;
-    hi[c] = fmaxf(hi[c], in ? sl[i] : -INFINITY);
-    lo[c] = fminf(lo[c], in ? sl[i] : INFINITY);
+    for (int i = 0; i < 8; ++i) {
+      const int h = (i >> 1) & 1, c = 2 * (i >> 2) + (i & 1);
+      sl[i] = fmaf(sl[i], sc[h] * ps.qinv[c], sr[i]) * scale_log2;
+      hi[c] = fmaxf(hi[c], sl[i]);
+      lo[c] = fminf(lo[c], sl[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int h = (i >> 1) & 1, c = 2 * (i >> 2) + (i & 1);
+      sl[i] = fmaf(sl[i], sc[h] * ps.qinv[c], sr[i]) * scale_log2;
+      const bool in = tok_in[h] && tok0 + 16 * ln.w + ln.g + 8 * h < ps.lim[c];
+      seen |= uint32_t(in) << i;
+      hi[c] = fmaxf(hi[c], in ? sl[i] : -INFINITY);
+      lo[c] = fminf(lo[c], in ? sl[i] : INFINITY);
+    }
   }
   // The tile's largest scale over its tokens inside the piece (past its end a page row holds
   // anything).
