@@ -21,7 +21,7 @@
 // copies' bytes, armed by the producer) and an `empty` one (lane 0 of each warp of the consuming
 // warpgroup, once its products that read the stage completed); inside a warpgroup its named
 // barrier (the tile max exchange, P'^T); between the two the named barrier kBarConsumers (Q, the
-// merge); __syncthreads between rounds of pieces.
+// merge); the block barrier kBarBlock between rounds of pieces.
 // The block is launched as a programmatic dependent (pdl.cuh) like the other decode kernels.
 #pragma once
 
@@ -141,11 +141,9 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
     for (int c = 0; c < 8; ++c)
 #pragma unroll
       for (int i = 0; i < 8; ++i) mo[(8 * c + i) * Tr::kGroupThreads + ln.gtid] = o[c][i];
-    consumers_sync();  // warpgroup 1's rows are in the merge buffer
-    return;
   }
-  consumers_sync();
-  if (e.write == kWriteNone) return;
+  consumers_sync();  // warpgroup 1's rows are in the merge buffer (one call site for both)
+  if (ln.wg == 1 || e.write == kWriteNone) return;
   const bool to_out = e.write == kWriteOut;
   const float unit1 = mr[2 * Tr::kBlockM];
 #pragma unroll
@@ -268,7 +266,7 @@ __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Sm
 
 // The rounds of up to kMaxPieces pieces of worker w, walked by one role (kConsumer: the two
 // consumer warpgroups; else the producer warpgroup, lane 0 of which works): thread 0 collects a
-// round's pieces, and every thread of the block passes the same __syncthreads around them.
+// round's pieces, and every thread of the block passes the same block barriers around them.
 template <int kFmt, bool kConsumer>
 __device__ __forceinline__ void role_rounds(const MlaDecodeParams& p, const Smem& sm,
                                             const Kv8TensorMaps& maps, int w, int row0, int tid) {
@@ -276,14 +274,14 @@ __device__ __forceinline__ void role_rounds(const MlaDecodeParams& p, const Smem
   uint32_t it = 0;
   for (int first = 0;; first += Tr::kMaxPieces) {
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
-    __syncthreads();  // the piece list (and, first time, the barriers' init) is visible
+    block_sync();  // the piece list (and, first time, the barriers' init) is visible
     const int n = sm.counts()[0];
     if constexpr (kConsumer)
       consume_round<kFmt>(p, sm, n, it, row0, ln);
     else if (tid == Tr::kConsumerThreads)
       produce_round(p, sm, maps, n, it);
     if (first + Tr::kMaxPieces >= sm.counts()[1]) break;
-    __syncthreads();  // everyone is done with this round's piece list
+    block_sync();  // everyone is done with this round's piece list
   }
 }
 

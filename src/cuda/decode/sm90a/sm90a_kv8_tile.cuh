@@ -45,10 +45,17 @@ namespace kf::cuda::sm90a_kv8 {
 using Tr = MlaSm90aKv8Traits;
 using sm90a::smem_desc_sw128;
 // Named barriers (0 is __syncthreads): consumer warpgroup wg alone is 1 + wg; both consumer
-// warpgroups kBarConsumers.
+// warpgroups kBarConsumers; the whole block kBarBlock.
 constexpr int kBarConsumers = 3;
 
 __device__ __forceinline__ void group_sync(int wg) { named_barrier(1 + wg, Tr::kGroupThreads); }
+// The whole block (consumers and producer) between rounds of pieces: the roles reach it from
+// their own loops, so the barrier is the unaligned form (bar.sync, __syncthreads included, asks
+// every thread to execute the same instruction; compute-sanitizer's synccheck reports otherwise).
+constexpr int kBarBlock = 4;
+__device__ __forceinline__ void block_sync() {
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kBarBlock), "n"(Tr::kNumThreads) : "memory");
+}
 __device__ __forceinline__ void consumers_sync() {
   named_barrier(kBarConsumers, Tr::kConsumerThreads);
 }
