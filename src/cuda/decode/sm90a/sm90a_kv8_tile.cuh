@@ -213,6 +213,7 @@ __device__ __forceinline__ void load_k_chunks(const Smem& sm, int s, int G, cons
 template <int kFmt>
 __device__ __forceinline__ void issue_scores(float (&sl)[8], float (&sr)[8], const Smem& sm,
                                              int s, const Lane& ln) {
+  static_assert(kv8_code_unit<kFmt>() == 1.f, "sm_90a converts e4m3 codes to their values");
   const uint64_t dq = smem_desc_sw128(sm.q(), 16, 1024);
   const uint64_t dr = smem_desc_sw128(sm.stage(s) + Tr::kStageRopeOff, 16, 1024);
   uint4 x0, x1;
