@@ -291,10 +291,10 @@ template <int kFmt>
 __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem& sm,
                                            const Kv8TensorMaps& maps, int w, int row0, int tid) {
   if (tid < Tr::kConsumerThreads) {
-    sm90a::setmaxnreg_inc<Tr::kConsumerRegs>();
+    sm90a::setmaxnreg<true, Tr::kConsumerRegs>();
     role_rounds<kFmt, true>(p, sm, maps, w, row0, tid);
   } else {
-    sm90a::setmaxnreg_dec<Tr::kProducerRegs>();
+    sm90a::setmaxnreg<false, Tr::kProducerRegs>();
     role_rounds<kFmt, false>(p, sm, maps, w, row0, tid);
   }
 }

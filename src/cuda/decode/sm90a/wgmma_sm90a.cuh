@@ -181,14 +181,13 @@ __device__ __forceinline__ void wgmma_ss_n16_bf16(float (&d)[8], uint64_t desc_a
 
 // ---- register budget per warpgroup ----
 // Every thread of the warpgroup executes it: the warpgroup's registers per thread become N
-// (a multiple of 8, 24..256), released to or taken from the block's pool.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+// (a multiple of 8, 24..256), taken from the block's pool (kTake) or given back to it.
+template <bool kTake, int N>
+__device__ __forceinline__ void setmaxnreg() {
+  if constexpr (kTake)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // ---- mbarriers (shared::cta, 64-bit) ----
