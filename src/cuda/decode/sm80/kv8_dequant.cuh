@@ -133,6 +133,15 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   }
 }
 
+// The exponent k of the power of two that scales a q row into fp16's range for the 8-bit path:
+// mx * 2^k in [2^14, 2^15) for the row's largest |q| mx, k = 14 - floor(log2 mx), clamped so 2^k
+// and 2^-k are normal floats. A zero (or non-finite) row keeps k = 0.
+__device__ __forceinline__ int kv8_q_exponent(float mx) {
+  const int e = int((__float_as_uint(mx) >> 23) & 0xff) - 127;
+  const int k = (mx > 0.f && mx <= 3.4e38f) ? 14 - e : 0;
+  return k < -120 ? -120 : (k > 120 ? 120 : k);
+}
+
 // q fragments of one row half (hf) of one 16-row fragment for the 8-bit path: the 32 dims
 // 128 d + 32 t .. of the row as fp16 A-fragment registers qf[j][hf] (dims 4j, 4j+1) and
 // qf[j][2 + hf] (4j+2, 4j+3), scaled by 2^e (see above); returns 2^-e (1 for a zero row).
@@ -150,11 +159,7 @@ __device__ __forceinline__ float kv8_q_fragments(const T* row_dims, bool valid,
   }
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  // 2^k with mx * 2^k in [2^14, 2^15): k = 14 - floor(log2 mx), clamped so 2^k and 2^-k are
-  // normal floats. A zero (or non-finite) row keeps k = 0.
-  const int e = int((__float_as_uint(mx) >> 23) & 0xff) - 127;
-  int k = (mx > 0.f && mx <= 3.4e38f) ? 14 - e : 0;
-  k = k < -120 ? -120 : (k > 120 ? 120 : k);
+  const int k = kv8_q_exponent(mx);
   const float up = __uint_as_float(uint32_t(127 + k) << 23);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

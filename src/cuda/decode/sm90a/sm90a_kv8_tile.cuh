@@ -153,9 +153,7 @@ __device__ __forceinline__ void store_q_kv8(const MlaDecodeParams& p, const Smem
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-  const int ex = int((__float_as_uint(mx) >> 23) & 0xff) - 127;
-  int k = (mx > 0.f && mx <= 3.4e38f) ? 14 - ex : 0;
-  k = k < -120 ? -120 : (k > 120 ? 120 : k);
+  const int k = kv8_q_exponent(mx);
   const float up = __uint_as_float(uint32_t(127 + k) << 23);
   // k16 step 4 part + i: chunk 2 i holds dims 16 t + 4 i + {0, 1} (t < 4, k 2 t, 2 t + 1),
   // chunk 2 i + 1 dims 16 t + 4 i + {2, 3}. v[m] is dims 2 m, 2 m + 1.
