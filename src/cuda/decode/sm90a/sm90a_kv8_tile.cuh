@@ -128,8 +128,8 @@ __device__ __forceinline__ uint32_t swz16(int r, int c) {
 // ---- Q ----
 // The block's 16 rows of q (piece e's request; zero past num_rows) into the Q blocks: eight
 // threads per row, thread `part` of a row loads latent dims 64 part .. + 63 (4-byte loads: q rows
-// need only be 4-byte aligned), scales them by the row's 2^e (its largest |q| into [2^14, 2^15),
-// as kv8_q_fragments) into fp16 and stores them in the scores' k order (the header) as block
+// need only be 4-byte aligned), scales them by the row's 2^e (its largest |q| into [2^14, 2^15):
+// kv8_q_exponent) into fp16 and stores them in the scores' k order (the header) as block
 // `part`, and copies rope dims 8 part .. + 7 to block 8. q_inv[row] = 2^-e. The async-proxy fence
 // and the barrier that publish them are the caller's.
 __device__ __forceinline__ void store_q_kv8(const MlaDecodeParams& p, const Smem& sm,
