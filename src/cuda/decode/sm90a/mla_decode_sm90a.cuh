@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const sm90a::Smem sm{smem_raw + pad, raw + pad};
+  const sm90a::Smem sm{{smem_raw + pad, raw + pad}};
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * Tr::kBlockM, w = blockIdx.y;
   if (tid == 0) sm90a::tma_prefetch_map(&kv_map);

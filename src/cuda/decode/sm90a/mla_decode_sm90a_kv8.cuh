@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(MlaSm90aKv8Traits::kNumThreads, 1)
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const sm90a_kv8::Smem sm{smem_raw + pad, raw + pad};
+  const sm90a_kv8::Smem sm{{smem_raw + pad, raw + pad}};
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * Tr::kBlockM, w = blockIdx.y;
   if (tid == Tr::kConsumerThreads) {

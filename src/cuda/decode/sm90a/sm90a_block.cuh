@@ -7,6 +7,7 @@
 
 #include "cuda/decode/sm80/mla_decode_pipeline.cuh"
 #include "cuda/decode/sm90a/mla_decode_sm90a_traits.h"
+#include "cuda/decode/sm90a/sm90a_smem.cuh"
 #include "cuda/decode/sm90a/wgmma_sm90a.cuh"
 
 namespace kf::cuda::sm90a {
@@ -30,10 +31,8 @@ __device__ __forceinline__ uint32_t tile_chunk_offset(int row, int chunk) {
   return (chunk >> 3) * Tr::kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// The block's shared memory, from the 1024-aligned base.
-struct Smem {
-  uint8_t* base;
-  uint32_t base_u32;
+// The block's shared memory, from the 1024-aligned base (token masks, pieces: SmemBase).
+struct Smem : SmemBase<Tr> {
   __device__ __forceinline__ uint32_t q() const { return base_u32 + Tr::kQOff; }
   __device__ __forceinline__ uint32_t slot(int s) const {
     return base_u32 + Tr::kKvOff + s * Tr::kTileBytes;
@@ -58,16 +57,6 @@ struct Smem {
   }
   __device__ __forceinline__ uint32_t group_bar(int g) const {
     return base_u32 + Tr::kGroupBarOff + 8 * g;
-  }
-  // Bit t: token t of the tile in slot s was copied from a valid page.
-  __device__ __forceinline__ uint64_t* tok_ok(int s) const {
-    return reinterpret_cast<uint64_t*>(base + Tr::kTokOkOff) + s;
-  }
-  __device__ __forceinline__ PieceRun* pieces() const {
-    return reinterpret_cast<PieceRun*>(base + Tr::kPieceOff);
-  }
-  __device__ __forceinline__ int* counts() const {
-    return reinterpret_cast<int*>(base + Tr::kPieceOff + Tr::kMaxPieces * sizeof(PieceRun));
   }
 };
 

@@ -38,6 +38,7 @@
 #include "cuda/decode/sm80/mla_decode_pipeline.cuh"
 #include "cuda/decode/sm90a/mla_decode_sm90a_kv8_traits.h"
 #include "cuda/decode/sm90a/sm90a_mma.cuh"  // reg_fence_all
+#include "cuda/decode/sm90a/sm90a_smem.cuh"
 #include "cuda/decode/sm90a/wgmma_sm90a.cuh"
 
 namespace kf::cuda::sm90a_kv8 {
@@ -60,10 +61,8 @@ __device__ __forceinline__ void consumers_sync() {
   named_barrier(kBarConsumers, Tr::kConsumerThreads);
 }
 
-// The block's shared memory, from the 1024-aligned base.
-struct Smem {
-  uint8_t* base;
-  uint32_t base_u32;
+// The block's shared memory, from the 1024-aligned base (token masks, pieces: SmemBase).
+struct Smem : sm90a::SmemBase<Tr> {
   __device__ __forceinline__ uint32_t q() const { return base_u32 + Tr::kQOff; }
   __device__ __forceinline__ uint32_t stage(int s) const {
     return base_u32 + Tr::kStagesOff + s * Tr::kStageBytes;
@@ -95,16 +94,6 @@ struct Smem {
   __device__ __forceinline__ uint32_t full(int s) const { return base_u32 + Tr::kBarOff + 8 * s; }
   __device__ __forceinline__ uint32_t empty(int s) const {
     return base_u32 + Tr::kBarOff + 8 * (Tr::kStages + s);
-  }
-  // Bit t: token t of the tile in stage s was copied from a valid page.
-  __device__ __forceinline__ uint64_t* tok_ok(int s) const {
-    return reinterpret_cast<uint64_t*>(base + Tr::kTokOkOff) + s;
-  }
-  __device__ __forceinline__ PieceRun* pieces() const {
-    return reinterpret_cast<PieceRun*>(base + Tr::kPieceOff);
-  }
-  __device__ __forceinline__ int* counts() const {
-    return reinterpret_cast<int*>(base + Tr::kPieceOff + Tr::kMaxPieces * sizeof(PieceRun));
   }
 };
 
