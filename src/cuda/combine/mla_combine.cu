@@ -14,9 +14,10 @@
 //    their sums in warp order through shared memory.
 // It lets the next call's decode, a programmatic dependent (pdl.cuh), launch as it finishes, or
 // the next kernel launch at its start where the caller asks (combine_early_dependents: the fused
-// layer's output absorption streams its weights meanwhile). Under that flag the combine is
-// itself launched as a programmatic dependent of the decode and waits for it before its first
-// read; plain calls launch it plainly.
+// layer's output absorption streams its weights meanwhile). The few-requests tiling, and both
+// tilings under that flag, are themselves launched as programmatic dependents of the decode and
+// wait for it before their first read; the many-requests tiling of plain calls is launched
+// plainly (launch() says why).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -241,15 +242,16 @@ cudaError_t launch(const MlaDecodeParams& p, cudaStream_t stream) {
   // Few requests for many workers (>= 32 workers per request: ~32 or more pieces each): the
   // warps of a block split the pieces, so a row's long piece list is not one warp's serial
   // chain. Otherwise a warp per row: typically 2-5 pieces, the row's lse values reduced once,
-  // one wave of blocks. Plain calls launch it plainly (as a programmatic dependent of the decode
-  // the standalone decode was slower, pdl.cuh); in the fused layer (combine_early_dependents),
-  // where its own dependent streams weights early, as a programmatic dependent (faster there:
-  // docs/optimization/layer.md).
+  // one wave of blocks. The few-requests tiling is launched as a programmatic dependent of the
+  // decode, so its launch overlaps the decode's last blocks (faster on the H200 at h_q 16 b <= 8
+  // and h_q 128 b <= 2: docs/optimization/decode.md, step combine-dependent). In plain calls the
+  // many-requests tiling is launched plainly: as a dependent it was no faster at h_q 16 b 64 /
+  // 128 and slower at h_q 128 b 4 (same step). The fused layer (combine_early_dependents), where
+  // the combine's own dependent streams weights early, launches both tilings as dependents
+  // (docs/optimization/layer.md).
   if (p.num_workers >= 32 * p.batch) {
     const dim3 grid(p.batch, p.num_rows, kRowFloat4s / 32);
-    if (p.combine_early_dependents)
-      return launch_pdl(mla_combine_pieces_kernel<T>, grid, dim3(kManyWarps * 32), 0, stream, p);
-    mla_combine_pieces_kernel<T><<<grid, kManyWarps * 32, 0, stream>>>(p);
+    return launch_pdl(mla_combine_pieces_kernel<T>, grid, dim3(kManyWarps * 32), 0, stream, p);
   } else {
     const dim3 grid(p.batch, ceil_div(p.num_rows, kRowsPerBlock));
     if (p.combine_early_dependents)

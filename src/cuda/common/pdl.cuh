@@ -5,8 +5,9 @@
 // (block dispatch, nothing that reads) with the previous kernel's tail; the decode and combine
 // kernels let their dependents launch only as their blocks finish (a dependent launched from
 // the primary's first instruction would park waiting blocks on the SMs the primary still
-// runs on). The combine is launched plainly: as a dependent of the decode it is slower. The
-// fused layer's GEMMs are the exception: their dependents may launch once each block has
+// runs on). The combine is launched as a dependent of the decode where a request has many
+// pieces and plainly otherwise (mla_combine.cu's launch says why). The fused layer's GEMMs are
+// the exception: their dependents may launch once each block has
 // requested its first weights (skinny_gemm.cuh), so the next GEMM's weights stream meanwhile;
 // so may the layer's combine (MlaDecodeParams::combine_early_dependents), whose dependent is a
 // GEMM.
