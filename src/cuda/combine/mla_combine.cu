@@ -49,16 +49,28 @@ __device__ __forceinline__ float4 ldg_nc_f4(const float4* src) {
   return o;
 }
 
-// Request r's pieces [first, first + n), read with the header words (one round trip); false
-// when there is nothing to merge here: metadata made for another call (the decode wrote empty
-// rows and reported), one piece (the decode wrote out), or a range outside the workspace
-// (reported by `reporter`).
-__device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r, bool reporter,
-                                            int& first, int& n) {
+// The metadata words piece_range decides from: request r's piece_offset pair and the header
+// check. They are loaded before the kernel's dependency wait (pdl_wait): the metadata was written
+// before the decode began, and the decode lets this kernel launch only from blocks that have
+// passed their own wait for the kernels before it, so the wait is needed for the partials alone.
+struct PieceRangeWords {
+  int first, last;
+  bool matches;
+};
+__device__ __forceinline__ PieceRangeWords load_piece_range(const MlaDecodeParams& p, int r) {
   const int32_t* piece_offset = meta_piece_offset(p.metadata, p.num_workers);
-  first = piece_offset[r];
-  const int last = piece_offset[r + 1];
-  if (!metadata_matches(p)) return false;
+  return {piece_offset[r], piece_offset[r + 1], metadata_matches(p)};
+}
+
+// Request r's pieces [first, first + n) from its loaded words; false when there is nothing to
+// merge here: metadata made for another call (the decode wrote empty rows and reported), one
+// piece (the decode wrote out), or a range outside the workspace (reported by `reporter`).
+__device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r,
+                                            const PieceRangeWords& words, bool reporter,
+                                            int& first, int& n) {
+  first = words.first;
+  const int last = words.last;
+  if (!words.matches) return false;
   if (last - first <= 1) return false;
   if (first < 0 || last > max_pieces(p.batch, p.num_workers)) {
     if (reporter) report_device_error(p.error_buffer, kDevErrMetadata, r, last);
@@ -71,17 +83,21 @@ __device__ __forceinline__ bool piece_range(const MlaDecodeParams& p, int r, boo
 
 // lse = log sum_k exp(lse_k) over n pieces, in every lane of the warp: lane maxima and sums
 // over pieces lane, lane + 32, ..., then a butterfly (the same fixed order in every warp).
-// lse0 = lse_of(lane), already loaded. The maximum keeps NaN (nan_max).
+// lse0 = lse_of(lane) and lse1 = lse_of(lane + 32), already loaded (with the first partials, so
+// that up to 64 pieces cost no further round trip). The maximum keeps NaN (nan_max).
 template <class LseOf>
-__device__ __forceinline__ float warp_merged_lse(const LseOf& lse_of, int n, int lane, float lse0) {
+__device__ __forceinline__ float warp_merged_lse(const LseOf& lse_of, int n, int lane, float lse0,
+                                                 float lse1) {
   float mx = lse0;
-  for (int k = lane + 32; k < n; k += 32) mx = nan_max(mx, lse_of(k));
+  if (lane + 32 < n) mx = nan_max(mx, lse1);
+  for (int k = lane + 64; k < n; k += 32) mx = nan_max(mx, lse_of(k));
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) mx = nan_max(mx, __shfl_xor_sync(0xffffffffu, mx, s));
   float sum = 0.f;
   if (mx != -INFINITY) {
     sum = expf(lse0 - mx);
-    for (int k = lane + 32; k < n; k += 32) sum += expf(lse_of(k) - mx);
+    if (lane + 32 < n) sum += expf(lse1 - mx);
+    for (int k = lane + 64; k < n; k += 32) sum += expf(lse_of(k) - mx);
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
@@ -100,11 +116,12 @@ template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
   if (p.combine_early_dependents) pdl_launch_dependents();
-  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
+  const PieceRangeWords words = load_piece_range(p, r);
+  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   int first = 0, n = 0;
-  if (row >= p.num_rows || !piece_range(p, r, row == 0 && lane == 0, first, n)) return;
+  if (row >= p.num_rows || !piece_range(p, r, words, row == 0 && lane == 0, first, n)) return;
   const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
   const float4* o_base =
       reinterpret_cast<const float4*>(p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) +
@@ -121,8 +138,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
                              : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   load_round(0);  // in flight with the lse values
-  const float lse0 = lse_of(lane);
-  const float lse = warp_merged_lse(lse_of, n, lane, lse0);
+  const float lse0 = lse_of(lane), lse1 = lse_of(lane + 32);
+  const float lse = warp_merged_lse(lse_of, n, lane, lse0, lse1);
 
   // acc = sum_k w_k o_k in piece order; piece k's weight comes from lane k % 32 of its chunk.
   float4 acc[4];
@@ -132,7 +149,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   for (int k0 = 0; k0 < n; k0 += kRound) {
     if (k0 > 0) load_round(k0);
     const int chunk = k0 & ~31;
-    const float w_lane = piece_weight(chunk == 0 ? lse0 : lse_of(chunk + lane), lse);
+    const float w_lane =
+        piece_weight(chunk == 0 ? lse0 : (chunk == 32 ? lse1 : lse_of(chunk + lane)), lse);
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
       const float w = __shfl_sync(0xffffffffu, w_lane, k0 - chunk + u);
@@ -161,11 +179,12 @@ template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
   if (p.combine_early_dependents) pdl_launch_dependents();
-  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const PieceRangeWords words = load_piece_range(p, r);
+  pdl_wait();  // the decode's partials (a no-op when launched plainly)
   int first = 0, n = 0;
-  if (!piece_range(p, r, tid == 0 && row == 0 && quarter == 0, first, n)) return;
+  if (!piece_range(p, r, words, tid == 0 && row == 0 && quarter == 0, first, n)) return;
   const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
   const float4* o_base = reinterpret_cast<const float4*>(
       p.o_accum + (int64_t(first) * p.num_rows + row) * kLatentDim) + quarter * 32 + lane;
@@ -178,14 +197,14 @@ __global__ void __launch_bounds__(kManyWarps * 32)
                         : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   // This warp's rounds: pieces kManyRound rho .. + kManyRound - 1 for rho = warp, warp + 4, ...
-  // One round trip: the first round's rows, this lane's first lse value and the lse of the
+  // One round trip: the first round's rows, this lane's first two lse values and the lse of the
   // lane's piece in the first round's 32-piece chunk.
   float4 o[kManyRound];
   load_group(o, warp * kManyRound);
-  const float lse0 = lse_of(lane);
+  const float lse0 = lse_of(lane), lse1 = lse_of(lane + 32);
   const int chunk0 = (warp * kManyRound) & ~31;
-  const float lse_chunk0 = chunk0 == 0 ? lse0 : lse_of(chunk0 + lane);
-  const float lse = warp_merged_lse(lse_of, n, lane, lse0);
+  const float lse_chunk0 = chunk0 == 0 ? lse0 : (chunk0 == 32 ? lse1 : lse_of(chunk0 + lane));
+  const float lse = warp_merged_lse(lse_of, n, lane, lse0, lse1);
 
   // acc = sum_k w_k o_k over this warp's rounds: piece k's weight comes from lane k % 32 of its
   // chunk; a round's products are added in a fixed pairwise tree.
