@@ -7,7 +7,7 @@
 //    pieces each: one warp per row, 4 rows per block; lane l holds the row's float4s l, l + 32,
 //    l + 64, l + 96 (512-byte loads per warp) and adds the pieces in index order, kRound
 //    pieces' loads in flight at once, the first round with the lse values (two round trips for
-//    up to kRound pieces, header included);
+//    up to kRound pieces, the metadata words included);
 //  - few requests (many pieces each: b = 1 spreads a request over ~64 workers): grid (batch,
 //    rows, 4), a block's 4 warps share 128 values of the row, take rounds of 16 pieces in turn
 //    (warp w: rounds w, w + 4, ...; a round's products added in a fixed pairwise tree) and add
@@ -16,8 +16,9 @@
 // the next kernel launch at its start where the caller asks (combine_early_dependents: the fused
 // layer's output absorption streams its weights meanwhile). The few-requests tiling, and both
 // tilings under that flag, are themselves launched as programmatic dependents of the decode and
-// wait for it before their first read; the many-requests tiling of plain calls is launched
-// plainly (launch() says why).
+// wait for it before their first read of its partials (the metadata words are read before the
+// wait: load_piece_range); the many-requests tiling of plain calls is launched plainly (launch()
+// says why).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
