@@ -52,6 +52,12 @@ def test_s_q_is_a_list_in_the_grid(dec, capsys):
     assert "--s-q" in parse_error(dec, capsys, ["--s-q", "1", "5"])
 
 
+def test_workers_option(dec, capsys):
+    assert dec.parse_args([]).workers is None
+    assert dec.parse_args(["--workers", "132"]).workers == 132
+    assert "--workers" in parse_error(dec, capsys, ["--workers", "0"])
+
+
 def test_defaults_without_shape_options(dec):
     args = dec.parse_args([])
     assert (args.h_q, args.batch, args.s_k, args.s_q) == ([16, 128], [1, 8, 16, 32, 64, 128],

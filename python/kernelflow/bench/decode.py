@@ -141,6 +141,9 @@ def parse_args(argv=None):
                     help="cache bytes touched per graph replay (default 4x L2)")
     ap.add_argument("--max-copies", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="kernelflow's worker count for every configuration (default: "
+                    "kernelflow.default_num_workers of the device, shape and format)")
     ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
     ap.add_argument("--formats", nargs="+", choices=list(FORMAT_BYTES), default=None,
                     help="kernelflow only: time these cache formats side by side (8-bit speedups)")
@@ -169,6 +172,8 @@ def parse_args(argv=None):
     for k, v in GRID_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, list(v))
+    if args.workers is not None and args.workers < 1:
+        ap.error(f"--workers: at least 1 (got {args.workers})")
     if args.max_copies < 1:
         ap.error(f"--max-copies: at least 1 cache copy (got {args.max_copies})")
     if args.formats and len(args.s_q) != 1:
@@ -298,18 +303,20 @@ class KernelFlowRunner(Runner):
     multi_token = True
     kept = ("kf",)
 
-    def __init__(self, kf):
+    def __init__(self, kf, workers=None):
         self.kf = kf
+        self.workers = workers  # --workers: the schedule's worker count instead of the default
 
     def prepare(self, p: Problem, kv_format: str = "bf16"):
         """Worker count, schedule and workspace for decodes over a cache of kv_format."""
         kf = self.kf
         dev_index = torch.cuda.current_device()
-        self.num_workers = None
-        try:
-            self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q, kv_format))
-        except Exception as e:  # noqa: BLE001
-            log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
+        self.num_workers = self.workers
+        if self.num_workers is None:
+            try:
+                self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q, kv_format))
+            except Exception as e:  # noqa: BLE001
+                log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
         self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q, num_workers=self.num_workers,
                                       kv_format=kv_format)
         self.ws = None
@@ -531,8 +538,9 @@ def run_formats(args, pk, dtype, rotate_bytes) -> dict:
                 q8 = fmt != "bf16"
                 kv = kf.convert_cache(p.kv, kv_format=fmt) if q8 else p.kv
                 code = fmt if q8 else None
-                # The format's default worker count and schedule (the metadata call is not timed).
-                runner = KernelFlowRunner(kf)
+                # The format's default worker count (or --workers) and schedule (the metadata
+                # call is not timed).
+                runner = KernelFlowRunner(kf, getattr(args, "workers", None))
                 runner.prepare(p, kv_format=fmt)
                 row["workers"] = runner.num_workers
                 md = runner.md
@@ -684,7 +692,7 @@ def make_runners(args, num_sms: int) -> tuple:
     if not args.baselines_only:
         try:
             import kernelflow
-            runners.append(KernelFlowRunner(kernelflow))
+            runners.append(KernelFlowRunner(kernelflow, getattr(args, "workers", None)))
             log(f"kernelflow: {getattr(kernelflow, '__file__', '?')}")
         except Exception as e:  # noqa: BLE001
             log(f"kernelflow unavailable ({short_err(e)}); running the baselines only")
