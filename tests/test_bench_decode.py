@@ -208,6 +208,19 @@ def test_a_decode_without_the_causal_mask_fails_the_check_at_s_q_2(on_cpu):
     assert runner.check(one)["ok"]
 
 
+def test_release_keeps_what_each_constructor_set(dec):
+    """The grid reuses one runner per kernel across problems: release() drops the last problem's
+    state and keeps every attribute the constructor set (a runner without one fails at the next
+    problem's prepare)."""
+    runners = [dec.KernelFlowRunner(None, workers=66), dec.TritonRunner("quick", 132),
+               dec.TorchRunner(), dec.FlashMLARunner(None), dec.FlashInferRunner(None)]
+    for r in runners:
+        made = dict(vars(r))
+        r.problem_state = object()
+        r.release()
+        assert vars(r) == made, r.name
+
+
 def test_the_baselines_of_s_q_1_are_left_out_above_it(dec):
     runners = [dec.KernelFlowRunner(None), dec.TritonRunner("quick", 132), dec.TorchRunner(),
                dec.FlashMLARunner(None), dec.FlashInferRunner(None)]

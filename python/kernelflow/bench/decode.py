@@ -301,7 +301,7 @@ def split_by_s_q(runners: list, s_q: int) -> tuple:
 class KernelFlowRunner(Runner):
     name = "kernelflow"
     multi_token = True
-    kept = ("kf",)
+    kept = ("kf", "workers")
 
     def __init__(self, kf, workers=None):
         self.kf = kf
