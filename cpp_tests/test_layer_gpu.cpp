@@ -214,7 +214,7 @@ TEST(LayerGemmStage, InstructionModelGivesThePlainProducts) {
     check_stage_model(nk, mt);
     check_stage_model(kn, mt);
   }
-  for (int mt : {1, 2}) check_stage_model(narrow, mt);
+  for (int mt : {1, 2, 4}) check_stage_model(narrow, mt);
 }
 
 TEST(LayerGemmPlan, SplitsFillTheGpuWithinTheScratch) {
@@ -467,7 +467,7 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
   KF_REQUIRE_GPU();
   auto rng = test_rng(14);
   const GemmCase cases[] = {
-      {1, 2048, WeightLayout::kNK, {576}, 1},          // narrow (<= 16 rows): 36 tiles
+      {1, 2048, WeightLayout::kNK, {576}, 1},          // narrow (<= 32 rows): 36 tiles
       {2, 4096, WeightLayout::kNK, {576}, 1},          // K above the narrow bound: wide, split
       {7, 2048, WeightLayout::kNK, {3072, 576}, 1},    // narrow [W_q; W_kv_a]: 228 tiles
       {3, 320, WeightLayout::kNK, {40}, 1},            // narrow: K ends inside a 256-k stage
@@ -482,7 +482,10 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
       {100, 128, WeightLayout::kKN, {512}, 16},
       {1, 64, WeightLayout::kKN, {72}, 1},             // one stage, a partial tile of [k][n]
       {2, 1536, WeightLayout::kNK, {3072}, 1},         // q_b of a q_lora model
-      {32, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 17..32 rows: 48 KB of stages
+      {32, 2048, WeightLayout::kNK, {3072, 576}, 1},   // narrow, 17..32 rows: 96 KB of stages
+      {20, 2048, WeightLayout::kNK, {2048}, 1},        // narrow W_o, 20 of 32 rows
+      {32, 512, WeightLayout::kNK, {128}, 16},         // narrow o absorption at 32 rows
+      {33, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 33 rows: the wide kernel, split
       {24, 128, WeightLayout::kKN, {512}, 16},
       {40, 2048, WeightLayout::kNK, {61}, 1},          // one tile, 16 splits (8 in a cluster), 61 columns
   };
@@ -515,7 +518,7 @@ TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {
   bad.job[0].n_cols = 60;  // [k][n] needs whole 8-column chunks
   EXPECT_EQ(kf::cuda::launch_skinny_gemm(bad, WeightLayout::kKN, nullptr), cudaErrorInvalidValue);
   bad = g;
-  bad.m = 32;                  // the wide kernel (more than kGemmNarrowMaxM rows) ...
+  bad.m = 33;                  // the wide kernel (more than kGemmNarrowMaxM rows) ...
   bad.k = 1024;                // ... with K of 16 stages ...
   bad.job[0].ldw = bad.job[0].ldx = 1024;
   bad.job[0].n_cols = 64 * 8;  // ... over 8 tiles: split, but no scratch given

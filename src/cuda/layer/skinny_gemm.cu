@@ -51,8 +51,9 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     return launch_pdl(kernel, dim3(g.tiles), dim3(kGemmThreads), smem, stream, g);
   };
-  return g.m <= 8 ? run(skinny_gemm_narrow_kernel<1>, NarrowShape<1>::kSmemBytes)
-                  : run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
+  if (g.m <= 8) return run(skinny_gemm_narrow_kernel<1>, NarrowShape<1>::kSmemBytes);
+  if (g.m <= 16) return run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
+  return run(skinny_gemm_narrow_kernel<4>, NarrowShape<4>::kSmemBytes);
 }
 
 // A split launch adds its splits within clusters where the device has them (at most

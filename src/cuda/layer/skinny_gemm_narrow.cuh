@@ -11,7 +11,7 @@
 // the four warps hold partial sums over disjoint k, added in warp order at the end (the same
 // bits on every launch). K needs to be a multiple of 64 only: chunks past K are zero-filled.
 // cp.async of 16 bytes through L2 only (.cg), kStages stages in a ring (72 KB at MT = 1, 80 KB
-// at MT = 2; sm_86 allows 99 KB).
+// at MT = 2, 96 KB at MT = 4; sm_86 allows 99 KB).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,12 +33,13 @@ static_assert(kGemmThreads / 32 * 64 == kNarrowStageK, "one 64-k slice per warp"
 
 template <int MT>
 struct NarrowShape {
-  static_assert(MT == 1 || MT == 2, "the narrow kernel takes at most 16 rows");
-  static constexpr int kStages = MT == 1 ? 6 : 5;
+  static_assert(MT == 1 || MT == 2 || MT == 4, "the narrow kernel takes at most 32 rows");
+  static constexpr int kStages = MT == 1 ? 6 : MT == 2 ? 5 : 4;
   static constexpr int kWBytes = kGemmNarrowTileN * kGemmNarrowRowBytes;  // 8 KB
   static constexpr int kXRows = 8 * MT;
   static constexpr int kStageBytes = kWBytes + kXRows * kGemmNarrowRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kSmemBytes <= 99 * 1024, "the ring fits sm_86's shared memory per block");
   static_assert(kSmemBytes >= kGemmThreads / 32 * MT * 32 * 4 * int(sizeof(float)),
                 "the warp partials fit in the stage ring");
 };
