@@ -97,10 +97,7 @@ TEST(Scheduler, WorkerCostWithinMeanPlusFixedCost) {
     Sched s = random_sched(rng);
     int64_t T = 0;
     for (int len : s.seqlens) T += kf::sched_tiles(len) + s.fc;
-    const int active = kf::sched_workers(kf::sched_active_workers_walk(s.seqlens.data(),
-                                                                       s.batch(), s.W, s.fc, T),
-                                         T, s.W, s.h_q * s.s_q)
-                           .active;
+    const int active = kf::sched_active_workers_walk(s.seqlens.data(), s.batch(), s.W, s.fc, T);
     const int64_t bound = (T + active - 1) / active + s.fc;
     for (int w = 0; w < s.W; ++w) {
       int64_t cost = 0;
@@ -263,12 +260,9 @@ std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, i
   std::vector<int64_t> seg_prefix(batch + 1, 0);
   for (int r = 0; r < batch; ++r)
     seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]), fc);
-  const kf::SchedWorkers sw = kf::sched_workers(
-      kf::sched_active_workers(seg_prefix.data(), batch, W, fc), seg_prefix[batch], W, h_q * s_q);
+  const int active = kf::sched_active_workers(seg_prefix.data(), batch, W, fc);
   std::vector<kf::SchedCut> cut(W + 1);
-  for (int w = 0; w <= W; ++w)
-    cut[w] = kf::schedule_cut(seg_prefix.data(), batch, sw.active, fc,
-                              kf::sched_cut_index(w, sw.spread));
+  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, active, fc, w);
   std::vector<int> nb(W + 1, 0);  // boundaries among cuts 1..w
   for (int w = 1; w <= W; ++w) nb[w] = nb[w - 1] + kf::schedule_boundary(cut[w - 1], cut[w]);
   for (int w = 0; w < W; ++w)
@@ -304,47 +298,6 @@ TEST(Scheduler, WholeRequestsWhenTheyLineUp) {
     for (int w = 0; w < 66; ++w) EXPECT_FALSE(s.pieces_of(w).empty()) << "worker " << w;
     EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
   }
-}
-
-// Small batch, more than 16 rows, W / 4 < T < W (h_q 128, b 1, s_k 4096 on the H200's 66
-// workers: T = 65): the line is cut for W / 2 workers placed on the even ones, every odd worker
-// empty, pieces of two tiles (worker 0's cut falls in the request's fixed part, so worker 2 starts
-// the request); at 16 rows, or with T >= W, every worker takes a share as before. The closed form
-// agrees.
-TEST(Scheduler, HalfTheWorkersSpreadAtSmallBatch) {
-  Sched s;
-  s.seqlens = {4096};
-  s.W = 66;
-  s.h_q = 128;
-  s.build();
-  expect_exact_cover(s);
-  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 32);
-  for (int w = 0; w < s.W; ++w) {
-    const auto mine = s.pieces_of(w);
-    if (w % 2 == 1 || w == 0) {
-      EXPECT_TRUE(mine.empty()) << "worker " << w;
-    } else {
-      ASSERT_EQ(mine.size(), 1u) << "worker " << w;
-      EXPECT_EQ(mine[0].token_begin, (w - 2) * kf::kSchedBlockN) << "worker " << w;
-      EXPECT_EQ(mine[0].token_end - mine[0].token_begin, 2 * kf::kSchedBlockN) << "worker " << w;
-    }
-  }
-  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
-  s.h_q = 16;  // 16 rows: the portable M16 kernel's calls keep every worker
-  s.build();
-  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 64);
-  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
-  s.h_q = 128;
-  s.seqlens = {4096, 4096};  // T = 130 >= W: every worker
-  s.build();
-  int odd_busy = 0;
-  for (int w = 1; w < s.W; w += 2) odd_busy += !s.pieces_of(w).empty();
-  EXPECT_EQ(odd_busy, s.W / 2 - 1) << "all but one odd worker busy (one cut in a fixed part)";
-  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 64);
-  s.seqlens = {256};  // T = 5 <= W / 4: every worker (most of them empty)
-  s.build();
-  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 4);
-  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
 }
 
 TEST(Scheduler, ClosedFormEqualsTheWalk) {

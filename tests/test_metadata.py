@@ -44,15 +44,6 @@ def active_workers(seqlens, workers, fixed):
     return cand
 
 
-def spread_half(seqlens, workers, fixed, rows):
-    """Whether the line is cut for workers / 2 workers placed on the even ones (src/core/
-    scheduler.h, "Half the workers"): more than 16 query rows, workers even, W / 4 < T < W, and
-    the whole-request rule not taken."""
-    line = sum(tiles(n) + fixed for n in seqlens)
-    return (rows > 16 and workers >= 4 and workers % 2 == 0 and line < workers
-            and 4 * line > workers and active_workers(seqlens, workers, fixed) == workers)
-
-
 def decode_metadata(meta, seqlens):
     """-> header dict, piece_offset, and per worker the pieces (req, begin, end, piece)."""
     meta = np.asarray(meta).astype(np.int64)
@@ -125,13 +116,10 @@ def check_schedule(meta, seqlens, h_q, s_q, workers, kv_format="bf16"):
     # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W_a) + one fixed cost.
     line = sum(tiles(n) + fixed for n in seqlens)
     active = active_workers(seqlens, workers, fixed)
-    if spread_half(seqlens, workers, fixed, h_q * s_q):
-        active = workers // 2
-        assert all(not mine for mine in pieces[1::2]), "spread: odd workers get nothing"
-    elif active < workers:
+    bound = math.ceil(line / active) + fixed
+    if active < workers:
         assert total == batch, "whole requests: one piece each"
         assert all(not mine for mine in pieces[active:]), "workers past W_a get nothing"
-    bound = math.ceil(line / active) + fixed
     for k, mine in enumerate(pieces):
         cost = sum(tiles(hi - lo) + fixed for _, lo, hi, _ in mine)
         assert cost <= bound, f"worker {k}: cost {cost} > bound {bound}"
@@ -191,21 +179,6 @@ def test_whole_requests_when_they_line_up(batch, workers, active):
     meta = kf.get_mla_metadata(np.array(longer, np.int32), 128, 1, num_workers=workers)
     check_schedule(meta, longer, 128, 1, workers)
     assert sum(1 for mine in decode_metadata(meta, longer)[2] if mine) == workers
-
-
-def test_half_the_workers_spread_at_small_batch():
-    """One 4096-token request at 128 rows on 66 workers (T = 65): 33 workers on the even ones,
-    pieces of two tiles, every odd worker empty; at 16 rows every worker with a tile."""
-    seqlens = [4096]
-    meta = kf.get_mla_metadata(np.array(seqlens, np.int32), 128, 1, num_workers=66)
-    check_schedule(meta, seqlens, 128, 1, 66)
-    _, piece_offset, pieces = decode_metadata(meta, seqlens)
-    assert piece_offset[1] == 32
-    assert all(not mine for mine in pieces[1::2])
-    assert all(hi - lo == 2 * BLOCK_N for mine in pieces for _, lo, hi, _ in mine)
-    meta = kf.get_mla_metadata(np.array(seqlens, np.int32), 16, 1, num_workers=66)
-    check_schedule(meta, seqlens, 16, 1, 66)
-    assert decode_metadata(meta, seqlens)[1][1] == 64
 
 
 def test_balanced_split_of_one_long_request():

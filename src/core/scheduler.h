@@ -6,8 +6,7 @@
 // input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata.
 // Lay all requests on one line of T = sum seg_len units and cut it at
 // c_w = floor(w * T / W_a) for w = 1 .. W_a-1, W_a the active workers (W, or fewer when that
-// keeps every request whole, or half of W at small batch: "Whole requests" and "Half the workers"
-// below). A cut inside request r's fixed part moves
+// keeps every request whole: "Whole requests" below). A cut inside request r's fixed part moves
 // back to the request's start (the whole request goes to the later worker); a cut inside its
 // tiles splits it there. Worker w owns the line from its start to the next worker's start, so
 // every tile is covered exactly once, and its cost is at most ceil(T / W_a) + F (the fixed cost
@@ -101,35 +100,6 @@ KF_HD inline int sched_whole_candidate(int batch, int num_workers) {
 KF_HD inline int64_t schedule_cut_point(int64_t total, int active, int w) {
   return total / active * w + total % active * w / active;
 }
-
-// ---- Half the workers, on the even ones, at small batch ----
-// A call of more than kSchedSpreadMinRows query rows whose line is shorter than the worker count
-// but longer than a quarter of it (W / 4 < T < W, W even, and the whole-request rule not taken) is
-// cut for W_a = W / 2 workers, and cut j's share goes to worker 2 j: worker w's range runs from
-// cut sched_cut_index(w) to cut sched_cut_index(w + 1), so every odd worker starts and ends at the
-// same cut and gets nothing. Pieces of two tiles or more fill the sm_90a kernel's two-tile step,
-// and the working blocks lie spread over the grid rather than in its first half (on the H200:
-// h_q 128 b = 1 and h_q 64 b = 2 at s_k 4096 9% faster, level at h_q 64 b = 1; the same half on
-// the first W / 2 workers gained nothing: docs/optimization/sm90a.md, sched-spread-half). At 16
-// rows (the portable M16 kernel, two blocks per SM) neither placement helped.
-constexpr int kSchedSpreadMinRows = 16;
-KF_HD inline bool sched_spread_half(int64_t total, int num_workers, int num_rows) {
-  return num_rows > kSchedSpreadMinRows && num_workers >= 4 && num_workers % 2 == 0 &&
-         total < num_workers && 4 * total > num_workers;
-}
-// W_a and the placement: the whole-request rule's W_a (sched_active_workers*), or W / 2 spread.
-struct SchedWorkers {
-  int active;
-  bool spread;
-};
-KF_HD inline SchedWorkers sched_workers(int whole_active, int64_t total, int num_workers,
-                                        int num_rows) {
-  if (whole_active == num_workers && sched_spread_half(total, num_workers, num_rows))
-    return {num_workers / 2, true};
-  return {whole_active, false};
-}
-// The cut that starts worker w (and ends worker w - 1): cut w, or cut (w + 1) / 2 when spread.
-KF_HD inline int sched_cut_index(int w, bool spread) { return spread ? (w + 1) / 2 : w; }
 
 // ---- The same schedule in closed form, for the GPU's parallel metadata kernel ----
 // With S[r] = sum of seg_len over requests < r (S[0] = 0, S[batch] = T), the cut between
@@ -225,10 +195,7 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
                                  int num_workers, int fixed_cost, int32_t* meta) {
   int64_t total = 0;
   for (int r = 0; r < batch; ++r) total += sched_seg_len(seqlens[r], fixed_cost);
-  const SchedWorkers sw =
-      sched_workers(sched_active_workers_walk(seqlens, batch, num_workers, fixed_cost, total),
-                    total, num_workers, h_q * s_q);
-  const int active = sw.active;
+  const int active = sched_active_workers_walk(seqlens, batch, num_workers, fixed_cost, total);
 
   int32_t* piece_offset = meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
   for (int r = 0; r <= batch; ++r) piece_offset[r] = 0;  // used as split counts first
@@ -240,28 +207,22 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
   int32_t* w0 = meta_worker(meta, 0);
   w0[kWStartReq] = 0;
   w0[kWStartTile] = 0;
-  // Cut k lies at c = floor(k * total / W_a), stepped without a 64-bit division per cut (slow on
-  // a GPU): k * total = k * step * W_a + k * rem, and frac carries k * rem modulo W_a. Worker w
-  // starts at cut k = sched_cut_index(w); a repeated cut (spread) repeats the previous point.
+  // c = floor(w * total / W_a), stepped without a 64-bit division per worker (slow on a GPU):
+  // w * total = w * step * W_a + w * rem, and frac carries w * rem modulo W_a.
   const int64_t step = total / active, rem = total % active;
   int64_t c = 0, frac = 0;
-  int k_prev = 0, req = 0, tile = 0;
   for (int w = 1; w <= num_workers; ++w) {
-    const int k = sched_cut_index(w, sw.spread);
-    if (k == k_prev) {
-      // the same cut as worker w - 1's start: (req, tile) unchanged
-    } else if (k >= active) {
-      k_prev = k;
+    int req, tile;
+    c += step;
+    frac += rem;
+    if (frac >= active) {
+      frac -= active;
+      c += 1;
+    }
+    if (w >= active) {
       req = batch;
       tile = 0;
     } else {
-      k_prev = k;
-      c += step;
-      frac += rem;
-      if (frac >= active) {
-        frac -= active;
-        c += 1;
-      }
       while (r < batch && seg_start + sched_seg_len(seqlens[r], fixed_cost) <= c) {
         seg_start += sched_seg_len(seqlens[r], fixed_cost);
         ++r;

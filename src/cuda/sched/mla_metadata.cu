@@ -78,16 +78,14 @@ __global__ void __launch_bounds__(kMetaThreads)
   __syncthreads();
   block_inclusive_scan(seg_prefix + 1, batch, warp_tot64);
   // 2. W_a (sched_active_workers: the whole-request candidate when none of its cuts splits a
-  // request; else sched_workers' half at small batch), the cut that starts each worker
-  // (sched_cut_index); 3. nb[w] = piece boundaries among cuts 1..w.
+  // request), the cuts between workers; 3. nb[w] = piece boundaries among cuts 1..w.
   const int cand = sched_whole_candidate(batch, W);
   bool split = false;
   for (int w = 1 + tid; w < cand; w += kMetaThreads)
     split |= schedule_cut(seg_prefix, batch, cand, p.fixed_cost, w).tile > 0;
-  const SchedWorkers sw =
-      sched_workers(__syncthreads_or(split) ? W : cand, seg_prefix[batch], W, p.h_q * p.s_q);
+  const int active = __syncthreads_or(split) ? W : cand;
   for (int w = tid; w <= W; w += kMetaThreads)
-    cut[w] = schedule_cut(seg_prefix, batch, sw.active, p.fixed_cost, sched_cut_index(w, sw.spread));
+    cut[w] = schedule_cut(seg_prefix, batch, active, p.fixed_cost, w);
   __syncthreads();
   for (int w = tid; w <= W; w += kMetaThreads)
     nb[w] = w == 0 ? 0 : int(schedule_boundary(cut[w - 1], cut[w]));
