@@ -526,6 +526,10 @@ std::vector<SizeErrorCase> size_error_cases() {
       {"DefaultWorkersNullResult", [] { return kf_mla_default_num_workers_for_format(-1, 16, 1, KF_KV_BF16, nullptr); }, kBad, "num_workers: expected a pointer"},
       {"DefaultWorkersFormat7", [] { return kf_mla_default_num_workers_for_format(-1, 16, 1, kf_kv_format(7), &w); }, kBad,
        "kv_format: expected KF_KV_BF16, KF_KV_FP16, KF_KV_FP8_E4M3 or KF_KV_INT8 (0..3), got 7"},
+      {"DefaultWorkersForBatch0", [] { return kf_mla_default_num_workers_for_batch(-1, 16, 1, KF_KV_FP8_E4M3, 0, &w); }, kBad,
+       "batch: expected"},
+      {"DefaultWorkersForBatchHq0", [] { return kf_mla_default_num_workers_for_batch(-1, 0, 1, KF_KV_FP8_E4M3, 8, &w); }, kBad,
+       "h_q: expected 1..128, got 0"},
       {"DefaultWorkersFormatHq0", [] { return kf_mla_default_num_workers_for_format(-1, 0, 1, KF_KV_INT8, &w); }, kBad, "h_q: expected 1..128, got 0"},
   };
 #if !KF_TESTS_WITH_CUDA

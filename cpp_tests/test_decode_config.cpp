@@ -120,8 +120,9 @@ void for_each_device(const BuildArchs& b, Check check) {
 }
 
 // 16-bit caches above 16 rows run the sm_90a kernel in 64-row tiles; 16 rows or fewer run the
-// portable kernels; 8-bit caches run the sm_90a 8-bit kernel in 16-row tiles with its switch
-// (KF_SM90A_KV8), the portable kernels without.
+// portable kernels; 8-bit caches run the sm_90a 8-bit kernel in 16-row tiles at every batch with
+// its switch (KF_SM90A_KV8), without it from 64 (FP8) or 128 (INT8) 16-row tiles of batch at 64
+// rows or fewer, never where the batch is not known (0).
 TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   for (KvFormat f : kFormats) {
     for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows) {
@@ -137,10 +138,23 @@ TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   EXPECT_EQ(kf::cuda::sm90a_row_tiles(256), 4);
   EXPECT_EQ(kf::cuda::sm90a_row_tiles(kf::kMaxHeads * kf::kMaxSq), 32);
   for (KvFormat f : kFormats) {
-    EXPECT_EQ(kf::cuda::sm90a_kv8_kernel_runs(f, true),
-              f == KvFormat::kFP8E4M3 || f == KvFormat::kINT8);
-    EXPECT_FALSE(kf::cuda::sm90a_kv8_kernel_runs(f, false));
+    const bool bits8 = f == KvFormat::kFP8E4M3 || f == KvFormat::kINT8;
+    for (int rows : {1, 16, 17, 64, 65, 128})
+      for (int batch : {0, 1, 63, 64, 127, 128, 4096}) {
+        EXPECT_EQ(kf::cuda::sm90a_kv8_kernel_runs(f, true, rows, batch), bits8);
+        const int64_t tiles = int64_t(batch) * ((rows + 15) / 16);
+        const bool large = f == KvFormat::kINT8 ? tiles >= 128 : tiles >= 64;
+        EXPECT_EQ(kf::cuda::sm90a_kv8_kernel_runs(f, false, rows, batch),
+                  bits8 && rows <= 64 && batch > 0 && large)
+            << "rows " << rows << " batch " << batch << " format " << int(f);
+      }
   }
+  EXPECT_TRUE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kFP8E4M3, false, 16, 64));
+  EXPECT_FALSE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kFP8E4M3, false, 16, 32));
+  EXPECT_TRUE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kFP8E4M3, false, 64, 16));
+  EXPECT_FALSE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kINT8, false, 16, 64));
+  EXPECT_TRUE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kINT8, false, 16, 128));
+  EXPECT_FALSE(kf::cuda::sm90a_kv8_kernel_runs(KvFormat::kFP8E4M3, false, 128, 4096));
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(1), 1);
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(16), 1);
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(17), 2);

@@ -172,6 +172,63 @@ TEST(GpuKv8Convert, WritesTheCpuBytes) {
 #endif
 }
 
+#if KF_TESTS_WITH_CUDA
+// The GPU decode of an 8-bit cache against the CPU backend on the same cache bytes (worst row
+// cosine distance below 1e-5, lse within 1e-4, empty rows zero with -inf), and a rerun (metadata
+// made again) bit-identical; metadata made for pr.num_workers on the GPU.
+template <typename Rng>
+void expect_8bit_decode_matches_cpu(const Problem& pr, kf_kv_format fmt, Rng& rng) {
+  Built b = build_problem(pr, rng);
+  HostTensor cache8 = append_8bit_cache(b, fmt, 0xff);
+  ASSERT_EQ(decode_8bit(b, cache8, fmt), KF_SUCCESS) << kf_last_error();  // CPU backend
+  const auto cpu_out = b.out.snapshot(), cpu_lse = b.lse.snapshot();
+  DeviceTensor q(b.q_t), kv(cache8), bt(b.block_table), sl(b.cache_seqlens), meta(b.metadata), out(b.out),
+      lse(b.lse), ws(b.workspace);
+  std::vector<std::vector<uint8_t>> runs;
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_EQ(kf_mla_metadata_for_format(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, KF_KV_BF16,
+                                         meta.dl(), nullptr),
+              KF_SUCCESS);
+    ASSERT_EQ(kf_mla_decode(q.dl(), kv.dl(), fmt, bt.dl(), sl.dl(), meta.dl(), pr.scale, out.dl(), lse.dl(),
+                            ws.dl(), nullptr, nullptr),
+              KF_SUCCESS)
+        << kf_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    out.download(b.out);
+    lse.download(b.lse);
+    auto o = b.out.snapshot(), l = b.lse.snapshot();
+    o.insert(o.end(), l.begin(), l.end());
+    runs.push_back(o);
+  }
+  EXPECT_EQ(runs[0], runs[1]) << "rerun not bit-identical";
+  double worst = 0, worst_lse = 0;
+  const size_t rows = size_t(pr.batch) * pr.s_q * pr.h_q;
+  for (size_t i = 0; i < rows; ++i) {  // out rows in [b, s_q, h] order; lse [b, h, s_q]
+    const size_t r = i / (pr.s_q * pr.h_q), s = i / pr.h_q % pr.s_q, h = i % pr.h_q;
+    const size_t li = (r * pr.h_q + h) * pr.s_q + s;
+    float lg, lc;
+    std::memcpy(&lg, b.lse.ptr<uint8_t>() + li * 4, 4);
+    std::memcpy(&lc, cpu_lse.data() + li * 4, 4);
+    std::vector<double> x(512), y(512);
+    for (int d = 0; d < 512; ++d) {
+      uint16_t a, bb;
+      std::memcpy(&a, b.out.ptr<uint8_t>() + (i * 512 + d) * 2, 2);
+      std::memcpy(&bb, cpu_out.data() + (i * 512 + d) * 2, 2);
+      x[d] = from_16(a, pr.bf16), y[d] = from_16(bb, pr.bf16);
+    }
+    if (lc == -INFINITY) {
+      EXPECT_EQ(lg, -INFINITY);
+      for (double v : x) EXPECT_EQ(v, 0.0);
+      continue;
+    }
+    worst = std::max(worst, cosine_distance(x, y.data(), 512));
+    worst_lse = std::max(worst_lse, std::fabs(double(lg) - double(lc)));
+  }
+  EXPECT_LT(worst, 1e-5) << "fmt " << fmt << " h_q " << pr.h_q;
+  EXPECT_LT(worst_lse, 1e-4) << "fmt " << fmt << " h_q " << pr.h_q;
+}
+#endif
+
 TEST(GpuKv8Decode, MatchesCpuBackendAndRerunsBitIdentical) {
   KF_REQUIRE_GPU();
 #if KF_TESTS_WITH_CUDA
@@ -189,55 +246,44 @@ TEST(GpuKv8Decode, MatchesCpuBackendAndRerunsBitIdentical) {
       pr.bf16 = c.bf16, pr.h_q = c.h_q, pr.s_q = c.s_q, pr.page_size = c.ps;
       pr.batch = 5, pr.num_workers = 40;
       pr.seqlens = {0, 1, 777, 3000, 65};
-      Built b = build_problem(pr, rng);
-      HostTensor cache8 = append_8bit_cache(b, fmt, 0xff);
-      ASSERT_EQ(decode_8bit(b, cache8, fmt), KF_SUCCESS) << kf_last_error();  // CPU backend
-      const auto cpu_out = b.out.snapshot(), cpu_lse = b.lse.snapshot();
-      DeviceTensor q(b.q_t), kv(cache8), bt(b.block_table), sl(b.cache_seqlens), meta(b.metadata), out(b.out),
-          lse(b.lse), ws(b.workspace);
-      std::vector<std::vector<uint8_t>> runs;
-      for (int run = 0; run < 2; ++run) {
-        ASSERT_EQ(kf_mla_metadata_for_format(sl.dl(), pr.h_q, pr.s_q, pr.num_workers, KF_KV_BF16,
-                                             meta.dl(), nullptr),
-                  KF_SUCCESS);
-        ASSERT_EQ(kf_mla_decode(q.dl(), kv.dl(), fmt, bt.dl(), sl.dl(), meta.dl(), pr.scale, out.dl(), lse.dl(),
-                                ws.dl(), nullptr, nullptr),
-                  KF_SUCCESS)
-            << kf_last_error();
-        CUDA_OK(cudaDeviceSynchronize());
-        out.download(b.out);
-        lse.download(b.lse);
-        auto o = b.out.snapshot(), l = b.lse.snapshot();
-        o.insert(o.end(), l.begin(), l.end());
-        runs.push_back(o);
-      }
-      EXPECT_EQ(runs[0], runs[1]) << "rerun not bit-identical";
-      double worst = 0, worst_lse = 0;
-      const size_t rows = size_t(pr.batch) * pr.s_q * pr.h_q;
-      for (size_t i = 0; i < rows; ++i) {  // out rows in [b, s_q, h] order; lse [b, h, s_q]
-        const size_t r = i / (pr.s_q * pr.h_q), s = i / pr.h_q % pr.s_q, h = i % pr.h_q;
-        const size_t li = (r * pr.h_q + h) * pr.s_q + s;
-        float lg, lc;
-        std::memcpy(&lg, b.lse.ptr<uint8_t>() + li * 4, 4);
-        std::memcpy(&lc, cpu_lse.data() + li * 4, 4);
-        std::vector<double> x(512), y(512);
-        for (int d = 0; d < 512; ++d) {
-          uint16_t a, bb;
-          std::memcpy(&a, b.out.ptr<uint8_t>() + (i * 512 + d) * 2, 2);
-          std::memcpy(&bb, cpu_out.data() + (i * 512 + d) * 2, 2);
-          x[d] = from_16(a, pr.bf16), y[d] = from_16(bb, pr.bf16);
-        }
-        if (lc == -INFINITY) {
-          EXPECT_EQ(lg, -INFINITY);
-          for (double v : x) EXPECT_EQ(v, 0.0);
-          continue;
-        }
-        worst = std::max(worst, cosine_distance(x, y.data(), 512));
-        worst_lse = std::max(worst_lse, std::fabs(double(lg) - double(lc)));
-      }
-      EXPECT_LT(worst, 1e-5) << "fmt " << fmt << " h_q " << c.h_q;
-      EXPECT_LT(worst_lse, 1e-4) << "fmt " << fmt << " h_q " << c.h_q;
+      expect_8bit_decode_matches_cpu(pr, fmt, rng);
     }
+#endif
+}
+
+// Large 8-bit batches with the batch-aware default worker count (no switch): on an sm_90 device
+// with the sm_90a family the count is one block per SM, which runs the sm_90a 8-bit kernel
+// (decode_config_sm90a.h, sm90a_kv8_kernel_runs), elsewhere the format's count; either way the
+// decode matches the CPU backend. 128 requests of up to 700 tokens, h_q 16, bf16 q.
+TEST(GpuKv8Decode, LargeBatchDefaultWorkersMatchCpuBackend) {
+  KF_REQUIRE_GPU();
+#if KF_TESTS_WITH_CUDA
+  EnvScope kv8_scope("KF_SM90A_KV8", "");
+  int major = 0, sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const char* family = std::getenv("KF_KERNEL_FAMILY");
+  const bool sm90a = major == 9 && std::string(kf_build_info()).find(" 90a") != std::string::npos &&
+                     (family == nullptr || std::string(family) != "sm80");
+  for (kf_kv_format fmt : kFormats8) {
+    SCOPED_TRACE("fmt " + std::to_string(int(fmt)));
+    int w_format = 0, w_small = 0, w_large = 0;
+    ASSERT_EQ(kf_mla_default_num_workers_for_format(0, 16, 1, fmt, &w_format), KF_SUCCESS)
+        << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_batch(0, 16, 1, fmt, 8, &w_small), KF_SUCCESS)
+        << kf_last_error();
+    ASSERT_EQ(kf_mla_default_num_workers_for_batch(0, 16, 1, fmt, 128, &w_large), KF_SUCCESS)
+        << kf_last_error();
+    EXPECT_EQ(w_small, w_format) << "a small batch keeps the format's count";
+    EXPECT_EQ(w_large, sm90a ? sms : w_format);
+    auto rng = test_rng(fmt * 7 + 128);
+    Problem pr;
+    pr.bf16 = true, pr.h_q = 16, pr.s_q = 1, pr.page_size = 64;
+    pr.batch = 128, pr.num_workers = w_large;
+    pr.seqlens.resize(pr.batch);
+    for (int& len : pr.seqlens) len = int(rng() % 701);
+    expect_8bit_decode_matches_cpu(pr, fmt, rng);
+  }
 #endif
 }
 

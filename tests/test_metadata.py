@@ -151,6 +151,10 @@ def test_default_workers_and_size():
     assert kf.default_num_workers(sl, 16, 1) == workers
     for fmt in ("bf16", "fp16", "fp8_e4m3", "int8"):
         assert kf.default_num_workers("cpu", 16, 2, kv_format=fmt) == workers
+        for b in (1, 64, 4096):  # the CPU backend runs one kernel at every batch
+            assert kf.default_num_workers("cpu", 16, 2, kv_format=fmt, batch=b) == workers
+    with pytest.raises(ValueError, match="batch"):
+        kf.default_num_workers("cpu", 16, batch=0)
     meta = kf.get_mla_metadata(sl, 16)
     assert meta.shape == (kf.metadata_size(3, workers),)
     check_schedule(meta, sl, 16, 1, workers)

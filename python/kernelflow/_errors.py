@@ -19,6 +19,7 @@ TERMS = {
     "kf_mla_metadata_size": "metadata_size",
     "kf_mla_workspace_size": "workspace_size",
     "kf_mla_default_num_workers_for_format": "default_num_workers",
+    "kf_mla_default_num_workers_for_batch": "default_num_workers",
     "kf_mla_default_num_workers": "default_num_workers",
     "kf_mla_decode": "mla_decode",
     "kf_cache_append": "cache_append",

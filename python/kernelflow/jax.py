@@ -197,7 +197,7 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
                      kv_format: str = "bf16"):
     """Split schedule for a decode step: int32 [metadata_size(b, num_workers)], computed on the
     device of cache_seqlens (int32 [b]) by the custom call. All layers of a step share it.
-    num_workers defaults to kernelflow.default_num_workers for that device."""
+    num_workers defaults to kernelflow.default_num_workers for that device and batch."""
     cache_seqlens = _array(cache_seqlens, "cache_seqlens")
     h_q = _mla._h_q(_static(num_heads_q, "num_heads_q"), "num_heads_q")
     s_q = _mla._s_q(_static(s_q, "s_q"))
@@ -207,7 +207,8 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
                          f"{tuple(cache_seqlens.shape)}")
     _expect_dtype(cache_seqlens, "cache_seqlens", ("int32",))
     if num_workers is None:
-        num_workers = _mla.default_num_workers(_device_id(cache_seqlens), h_q, s_q, kv_format)
+        num_workers = _mla.default_num_workers(_device_id(cache_seqlens), h_q, s_q, kv_format,
+                                               batch=int(cache_seqlens.shape[0]))
     num_workers = _mla._int(_static(num_workers, "num_workers"), "num_workers", 1)
     size = _mla.metadata_size(int(cache_seqlens.shape[0]), num_workers)
     (metadata,) = _ffi("kernelflow_mla_metadata", [jax.ShapeDtypeStruct((size,), jnp.int32)],

@@ -126,12 +126,18 @@ def _device_id(device) -> int:
     return -1 if dev_type in (fw.KDL_CPU, fw.KDL_CUDA_HOST) else dev_id
 
 
-def default_num_workers(device, h_q: int, s_q: int = 1, kv_format: str = "bf16") -> int:
+def default_num_workers(device, h_q: int, s_q: int = 1, kv_format: str = "bf16",
+                        batch=None) -> int:
     """Workers the scheduler splits a batch over by default on `device` (an int ordinal, -1
     or 'cpu' for the CPU backend, 'cuda:N', a torch.device, or an array living there), for
     decodes over a cache of kv_format (8-bit caches run 16 query rows per block, so more than
-    16 rows take more row tiles and fewer workers)."""
-    return _default_workers(_device_id(device), _h_q(h_q), _s_q(s_q), _format_code(kv_format, None))
+    16 rows take more row tiles and fewer workers). With `batch`, the count for a call of that
+    many requests: on an H200 large 8-bit batches take the sm_90a 8-bit kernel's count (one
+    block per SM); get_mla_metadata's default passes it. Metadata, workspace and decode of a
+    call use one count."""
+    b = 0 if batch is None else _int(batch, "batch", 1)
+    return _default_workers(_device_id(device), _h_q(h_q), _s_q(s_q), _format_code(kv_format, None),
+                            b)
 
 
 def metadata_size(batch: int, num_workers: int) -> int:
@@ -184,9 +190,10 @@ def _decode_workspace_bytes(batch: int, h_q: int, s_q: int, metadata_shape: tupl
 
 
 @functools.lru_cache(maxsize=256)
-def _default_workers(device_id: int, h_q: int, s_q: int, code: int) -> int:
-    """default_num_workers, once per device and shape: it depends on the device's SM count."""
-    return call(_C.default_num_workers, device_id, h_q, s_q, code)
+def _default_workers(device_id: int, h_q: int, s_q: int, code: int, batch: int = 0) -> int:
+    """default_num_workers, once per device, shape and batch (0: any): it depends on the
+    device's SM count."""
+    return call(_C.default_num_workers, device_id, h_q, s_q, code, batch)
 
 
 @functools.lru_cache(maxsize=256)
@@ -281,7 +288,7 @@ def get_mla_metadata(cache_seqlens, num_heads_q: int, s_q: int = 1, num_workers=
     """Split schedule for a decode step: int32 [metadata_size(b, num_workers)] on the device of
     `cache_seqlens`, in its framework (or written into `out`). Runs on the device without host
     synchronization, so it can be captured in a CUDA graph with the decode that uses it.
-    num_workers defaults to default_num_workers(device, h_q, s_q, kv_format); with `out` it defaults to
+    num_workers defaults to default_num_workers(device, h_q, s_q, kv_format, batch=b); with `out` it defaults to
     the count out's length was made for. kv_format names the cache format of the decodes it
     serves ('bf16', 'fp16', 'fp8_e4m3', 'int8'): 8-bit pieces cost more to start, so their
     schedule splits less. Metadata made for another format is still correct, only less
@@ -307,7 +314,7 @@ def _metadata_checked(cache_seqlens, num_heads_q, s_q, num_workers, stream, out,
         if num_workers is None:
             num_workers = _num_workers_of(out, batch, "out")
     elif num_workers is None:
-        num_workers = default_num_workers(cache_seqlens, h_q, s_q, kv_format)
+        num_workers = default_num_workers(cache_seqlens, h_q, s_q, kv_format, batch=batch)
     num_workers = _int(num_workers, "num_workers", 1)
     fmt = _format_code(kv_format, None)
     handle = fw.stream_handle(stream, cache_seqlens, home)
@@ -339,7 +346,7 @@ def _metadata_torch(kit, cache_seqlens, num_heads_q, s_q, num_workers, stream, o
             num_workers = _workers_of_shape(tuple(out.shape), batch, "out")
         else:
             device_id = cache_seqlens.get_device() if cache_seqlens.is_cuda else -1
-            num_workers = _default_workers(device_id, num_heads_q, s_q, code)
+            num_workers = _default_workers(device_id, num_heads_q, s_q, code, batch)
     metadata = out
     if metadata is None:
         metadata = cache_seqlens.new_empty((_metadata_elems(batch, num_workers),),

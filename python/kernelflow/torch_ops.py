@@ -126,7 +126,8 @@ def _num_workers(cache_seqlens: Tensor, num_heads_q: int, s_q: int,
     one the library writes."""
     if num_workers is not None:
         return num_workers
-    return _mla.default_num_workers(cache_seqlens.device, num_heads_q, s_q, kv_format)
+    return _mla.default_num_workers(cache_seqlens.device, num_heads_q, s_q, kv_format,
+                                    batch=int(cache_seqlens.shape[0]))
 
 
 def _metadata_len(batch, num_workers: int):
@@ -165,7 +166,7 @@ _METADATA = _define(
 def get_mla_metadata(cache_seqlens: Tensor, num_heads_q: int, s_q: int = 1,
                      num_workers: Optional[int] = None, kv_format: str = "bf16") -> Tensor:
     """kernelflow.get_mla_metadata as a custom op: int32 [metadata_size(b, num_workers)] on
-    cache_seqlens' device; num_workers defaults to the library's default for that device.
+    cache_seqlens' device; num_workers defaults to the library's default for that device and batch.
     An eager call runs the op's implementation directly when _dispatch_free allows."""
     if not torch.compiler.is_compiling() and _dispatch_free(cache_seqlens):
         return _metadata_kernel(cache_seqlens, num_heads_q, s_q, num_workers, kv_format)

@@ -55,14 +55,19 @@ size_t cache_bytes_per_page(int kv_format, int page_size) {
   return bytes;
 }
 
-int default_num_workers(int device_id, int h_q, int s_q, int kv_format) {
+// batch 0: for any batch (kf_mla_default_num_workers_for_format), else for that batch.
+int default_num_workers(int device_id, int h_q, int s_q, int kv_format, int batch) {
   int n = 0;
   kf_status st;
   {
     nb::gil_scoped_release unlocked;  // may query the CUDA driver
-    st = kf_mla_default_num_workers_for_format(device_id, h_q, s_q, as_format(kv_format), &n);
+    st = batch == 0 ? kf_mla_default_num_workers_for_format(device_id, h_q, s_q,
+                                                           as_format(kv_format), &n)
+                    : kf_mla_default_num_workers_for_batch(device_id, h_q, s_q,
+                                                           as_format(kv_format), batch, &n);
   }
-  check(st, "kf_mla_default_num_workers_for_format");
+  check(st, batch == 0 ? "kf_mla_default_num_workers_for_format"
+                       : "kf_mla_default_num_workers_for_batch");
   return n;
 }
 
@@ -288,7 +293,7 @@ NB_MODULE(_C, m) {
   m.def("cache_bytes_per_token", &cache_bytes_per_token, nb::arg("kv_format"));
   m.def("cache_bytes_per_page", &cache_bytes_per_page, nb::arg("kv_format"), nb::arg("page_size"));
   m.def("default_num_workers", &default_num_workers, nb::arg("device_id"), nb::arg("h_q"),
-        nb::arg("s_q"), nb::arg("kv_format") = int(KF_KV_BF16));
+        nb::arg("s_q"), nb::arg("kv_format") = int(KF_KV_BF16), nb::arg("batch") = 0);
   m.def("metadata_size", &metadata_size, nb::arg("batch"), nb::arg("num_workers"));
   m.def("workspace_size", &workspace_size, nb::arg("batch"), nb::arg("h_q"), nb::arg("s_q"),
         nb::arg("num_workers"));

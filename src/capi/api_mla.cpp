@@ -13,25 +13,40 @@ namespace {
 
 constexpr int kCpuDefaultWorkers = 4;  // enough pieces to exercise the split path on the CPU
 
+// The default worker count for a call of `batch` requests (0: any batch).
+kf_status default_num_workers(int device_id, int h_q, int s_q, kf_kv_format kv_format, int batch,
+                              int* num_workers) {
+  if (device_id < -1)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "device_id: expected -1 (CPU) or a CUDA device id >= 0, got %d", device_id);
+  KF_CHECK(check_h_q(h_q, "h_q"));
+  KF_CHECK(check_s_q(s_q, "s_q"));
+  KF_CHECK(check_kv_format(kv_format));
+  KF_CHECK(check_out_pointer(num_workers, "num_workers"));
+  if (device_id == -1) {
+    *num_workers = kCpuDefaultWorkers;
+    return KF_SUCCESS;
+  }
+  return cuda_default_num_workers(device_id, h_q * s_q, kf::KvFormat(int(kv_format)), batch,
+                                  num_workers);
+}
+
 }  // namespace
 
 extern "C" {
 
 KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, int s_q,
                                                        kf_kv_format kv_format, int* num_workers) {
+  return guarded(
+      [&] { return default_num_workers(device_id, h_q, s_q, kv_format, 0, num_workers); });
+}
+
+KF_API kf_status kf_mla_default_num_workers_for_batch(int device_id, int h_q, int s_q,
+                                                      kf_kv_format kv_format, int batch,
+                                                      int* num_workers) {
   return guarded([&] {
-    if (device_id < -1)
-      return fail(KF_ERROR_INVALID_ARGUMENT,
-                  "device_id: expected -1 (CPU) or a CUDA device id >= 0, got %d", device_id);
-    KF_CHECK(check_h_q(h_q, "h_q"));
-    KF_CHECK(check_s_q(s_q, "s_q"));
-    KF_CHECK(check_kv_format(kv_format));
-    KF_CHECK(check_out_pointer(num_workers, "num_workers"));
-    if (device_id == -1) {
-      *num_workers = kCpuDefaultWorkers;
-      return KF_SUCCESS;
-    }
-    return cuda_default_num_workers(device_id, h_q * s_q, kf::KvFormat(int(kv_format)), num_workers);
+    KF_CHECK(check_batch(batch, "batch"));
+    return default_num_workers(device_id, h_q, s_q, kv_format, batch, num_workers);
   });
 }
 

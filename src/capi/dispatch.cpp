@@ -142,13 +142,13 @@ int cuda_device_count() {
   return n;
 }
 
-kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
+kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format, int batch,
                                    int* num_workers) {
   const Device dev{true, device_id};
   KF_CHECK(check_backend(dev));
   // The backend knows how many decode blocks fit on an SM and how many row tiles it uses.
   return on_device(dev, "default worker count", [&] {
-    return kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, num_workers);
+    return kf::cuda::mla_default_num_workers(device_id, num_rows, kv_format, batch, num_workers);
   });
 }
 
@@ -171,7 +171,7 @@ kf_status check_backend(const Device& dev) {
 
 int cuda_device_count() { return 0; }
 
-kf_status cuda_default_num_workers(int device_id, int, kf::KvFormat, int*) {
+kf_status cuda_default_num_workers(int device_id, int, kf::KvFormat, int, int*) {
   return check_backend(Device{true, device_id});
 }
 

@@ -48,7 +48,8 @@ int layer_graph_kernel_nodes(const kf_layer_graph* g);  // 0 on the CPU backend
 void run_layer_graph_destroy(kf_layer_graph* g);
 
 int cuda_device_count();  // 0 without a driver or GPU, or without CUDA in the build
-kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format,
+// batch: the call's batch where known (kf_mla_default_num_workers_for_batch), else 0.
+kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format, int batch,
                                    int* num_workers);
 std::string cuda_runtime_description();  // "cuda runtime 13.0" or "no CUDA runtime"
 

@@ -20,9 +20,10 @@ cudaError_t device_family(int device, KernelFamily* family);
 
 // The default worker count on `device` (the current device): SMs x decode blocks resident per
 // SM (2 on sm_90, 1 on sm_80/86/89) divided by the query-row tiles a call of num_rows rows of a
-// kv_format cache runs in; at least 1: one wave of blocks. On failure the error of the query
-// (*num_workers untouched).
-cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format,
+// kv_format cache runs in; at least 1: one wave of blocks. `batch` is the call's batch where the
+// caller knows it (the sm_90a family runs its 8-bit kernel, one block per SM, for large batches),
+// else 0. On failure the error of the query (*num_workers untouched).
+cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format, int batch,
                                     int* num_workers);
 
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);

@@ -57,7 +57,7 @@ bool decode_layout_ok(const MlaDecodeParams& p) {
 
 }  // namespace
 
-cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format,
+cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format, int batch,
                                     int* num_workers) {
   const DecodeFamily* family = nullptr;
   cudaError_t err = device_decode_family(device, &family);
@@ -65,8 +65,8 @@ cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format
   int sms = 0;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  const int w = sms * family->blocks_per_sm(device, num_rows, kv_format) /
-                family->row_tiles(device, num_rows, kv_format);
+  const int w = sms * family->blocks_per_sm(device, num_rows, kv_format, batch) /
+                family->row_tiles(device, num_rows, kv_format, batch);
   *num_workers = w < 1 ? 1 : w;
   return cudaSuccess;
 }

@@ -21,12 +21,12 @@ DecodeConfig device_decode_config(int device, int num_rows, KvFormat kv_format) 
   });
 }
 
-int row_tiles(int device, int num_rows, KvFormat kv_format) {
+int row_tiles(int device, int num_rows, KvFormat kv_format, int /*batch: one kernel per shape*/) {
   return decode_config_row_tiles(device_decode_config(device, num_rows, kv_format), num_rows);
 }
 
 // Counted for bf16 q (the fp16 instantiation has the same shared memory and block size).
-int blocks_per_sm(int device, int num_rows, KvFormat kv_format) {
+int blocks_per_sm(int device, int num_rows, KvFormat kv_format, int /*batch*/) {
   return with_instance(device_decode_config(device, num_rows, kv_format), [&](auto in) {
     using In = decltype(in);
     return mla_decode_sm80_blocks_per_sm<typename In::Traits, __nv_bfloat16, In::kFmt>(device);

@@ -26,17 +26,28 @@ inline bool sm90a_kernel_runs(int num_rows, KvFormat kv_format) {
 // Blocks along the row axis of the sm_90a kernel for num_rows rows.
 inline int sm90a_row_tiles(int num_rows) { return ceil_div(num_rows, MlaSm90aTraits::kBlockM); }
 
-// With kv8_switch (KF_SM90A_KV8, cuda/common/switches.h), 8-bit caches (FP8 e4m3, INT8) at
-// every row count run the sm_90a 8-bit kernel in 16-row tiles, one block per SM, when q is bf16
-// (its rope product multiplies q_pe by the cache's bf16 rope part); with fp16 q the portable
-// 8-bit kernel runs the call (decode_family_sm90a.cu). Without the switch every 8-bit cache runs
-// the portable kernel: the 8-bit wgmma kernel is faster only at large batches
-// (docs/optimization/sm90a.md, sm90a-kv8).
-inline bool sm90a_kv8_kernel_runs(KvFormat kv_format, bool kv8_switch) {
-  return kv8_switch && is_8bit(kv_format);
-}
 inline int sm90a_kv8_row_tiles(int num_rows) {
   return ceil_div(num_rows, MlaSm90aKv8Traits::kBlockM);
+}
+
+// 8-bit caches (FP8 e4m3, INT8) run the sm_90a 8-bit kernel in 16-row tiles, one block per SM,
+// when q is bf16 (its rope product multiplies q_pe by the cache's bf16 rope part; with fp16 q the
+// portable 8-bit kernel runs the call, decode_family_sm90a.cu): at every batch with kv8_switch
+// (KF_SM90A_KV8, cuda/common/switches.h); without it for calls of at most kSm90aKv8MaxRows rows
+// whose batch x 16-row tiles reaches kSm90aKv8MinTilesFp8 (FP8) or kSm90aKv8MinTilesInt8 (INT8),
+// where on the H200 it was as fast as the portable 8-bit kernel or faster at s_k 4096 and 16384
+// (FP8 h_q 16 b 128: 1.13x; h_q 32 and 64 from b 64: 1.07-1.13x) and below which it was slower
+// (b 1: 0.8x; docs/optimization/sm90a.md, sm90a-kv8-sweep). `batch` is the call's batch where
+// known (a batch-aware default worker count, the decode), else 0 (never without the switch).
+constexpr int kSm90aKv8MaxRows = 64;
+constexpr int kSm90aKv8MinTilesFp8 = 64;
+constexpr int kSm90aKv8MinTilesInt8 = 128;
+inline bool sm90a_kv8_kernel_runs(KvFormat kv_format, bool kv8_switch, int num_rows, int batch) {
+  if (!is_8bit(kv_format)) return false;
+  if (kv8_switch) return true;
+  if (batch <= 0 || num_rows > kSm90aKv8MaxRows) return false;
+  const int64_t tiles = int64_t(batch) * sm90a_kv8_row_tiles(num_rows);
+  return tiles >= (kv_format == KvFormat::kINT8 ? kSm90aKv8MinTilesInt8 : kSm90aKv8MinTilesFp8);
 }
 
 }  // namespace kf::cuda
