@@ -143,7 +143,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=None,
                     help="kernelflow's worker count for every configuration (default: "
-                    "kernelflow.default_num_workers of the device, shape and format)")
+                    "kernelflow.default_num_workers of the device, shape, format and batch)")
     ap.add_argument("--json", help="write full results here (e.g. $OUT/bench.json)")
     ap.add_argument("--formats", nargs="+", choices=list(FORMAT_BYTES), default=None,
                     help="kernelflow only: time these cache formats side by side (8-bit speedups)")
@@ -314,7 +314,8 @@ class KernelFlowRunner(Runner):
         self.num_workers = self.workers
         if self.num_workers is None:
             try:
-                self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q, kv_format))
+                self.num_workers = int(kf.default_num_workers(dev_index, p.h_q, p.s_q, kv_format,
+                                                              batch=p.b))
             except Exception as e:  # noqa: BLE001
                 log(f"    kernelflow.default_num_workers failed ({short_err(e)}); using the default")
         self.md = kf.get_mla_metadata(p.seqlens, p.h_q, s_q=p.s_q, num_workers=self.num_workers,
