@@ -161,6 +161,19 @@ TEST(DecodeConfigSm90a, KernelForSixteenBitCachesAboveSixteenRows) {
   EXPECT_EQ(kf::cuda::sm90a_kv8_row_tiles(128), 8);
 }
 
+// The wgmma kernel's calls (16-bit caches above 16 rows) let the schedule put half the workers
+// on the even ones at small batch; the portable kernels' calls (16 rows or fewer, 8-bit caches)
+// keep every worker.
+TEST(DecodeConfigSm90a, SpreadAtSmallBatchForTheWgmmaKernelOnly) {
+  for (KvFormat f : kFormats)
+    for (int rows = 1; rows <= kf::kMaxHeads * kf::kMaxSq; ++rows)
+      EXPECT_EQ(kf::cuda::sm90a_spread_small_batch(rows, f), kf::cuda::sm90a_kernel_runs(rows, f))
+          << "rows " << rows << " format " << int(f);
+  EXPECT_FALSE(kf::cuda::sm90a_spread_small_batch(16, KvFormat::kBF16));
+  EXPECT_TRUE(kf::cuda::sm90a_spread_small_batch(128, KvFormat::kBF16));
+  EXPECT_FALSE(kf::cuda::sm90a_spread_small_batch(128, KvFormat::kFP8E4M3));
+}
+
 TEST(KernelFamily, ParsesWhatCMakePasses) {
   const BuildArchs d = kf::cuda::parse_build_archs("80 86 89 90");
   EXPECT_EQ(d.sass, (std::vector<int>{80, 86, 89, 90}));

@@ -15,11 +15,12 @@ struct Sched {
   std::vector<int32_t> seqlens;
   int h_q = 16, s_q = 1, W = 1;
   int fc = kf::kFixedCost16;  // the per-piece fixed cost
+  bool spread = false;         // half the workers on the even ones allowed at small batch
   std::vector<int32_t> meta;
   int batch() const { return int(seqlens.size()); }
   void build() {
     meta.assign(size_t(kf::metadata_size(batch(), W)), -12345);
-    kf::build_schedule(seqlens.data(), batch(), h_q, s_q, W, fc, meta.data());
+    kf::build_schedule(seqlens.data(), batch(), h_q, s_q, W, fc, spread, meta.data());
   }
   std::vector<kf::Piece> pieces_of(int w) const {
     std::vector<kf::Piece> v;
@@ -43,6 +44,7 @@ Sched random_sched(std::mt19937_64& rng) {
   s.s_q = std::uniform_int_distribution<int>(1, 16)(rng);
   const int costs[] = {kf::kFixedCost16, kf::kFixedCost8, 0, 2, kf::kMaxFixedCost};
   s.fc = costs[std::uniform_int_distribution<int>(0, 4)(rng)];
+  s.spread = rng() % 2 == 0;
   s.build();
   return s;
 }
@@ -97,7 +99,10 @@ TEST(Scheduler, WorkerCostWithinMeanPlusFixedCost) {
     Sched s = random_sched(rng);
     int64_t T = 0;
     for (int len : s.seqlens) T += kf::sched_tiles(len) + s.fc;
-    const int active = kf::sched_active_workers_walk(s.seqlens.data(), s.batch(), s.W, s.fc, T);
+    const int active = kf::sched_workers(kf::sched_active_workers_walk(s.seqlens.data(),
+                                                                       s.batch(), s.W, s.fc, T),
+                                         T, s.W, s.spread)
+                           .active;
     const int64_t bound = (T + active - 1) / active + s.fc;
     for (int w = 0; w < s.W; ++w) {
       int64_t cost = 0;
@@ -165,6 +170,11 @@ TEST(Scheduler, HeaderRecordsTheCall) {
   EXPECT_EQ(s.meta[kf::kMetaWorkersIdx], 5);
   EXPECT_EQ(s.meta[kf::kMetaBlockNIdx], kf::kSchedBlockN);
   EXPECT_EQ(s.meta[kf::kMetaFixedCostIdx], 7);
+  EXPECT_EQ(s.meta[kf::kMetaSpreadIdx], 0);
+  s.spread = true;
+  s.build();
+  EXPECT_EQ(s.meta[kf::kMetaSpreadIdx], 1);
+  for (int i = kf::kMetaSpreadIdx + 1; i < kf::kMetaHeaderLen; ++i) EXPECT_EQ(s.meta[i], 0);
 }
 
 TEST(Scheduler, FixedCostByCacheFormat) {
@@ -243,6 +253,7 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
     // Every other trial a 16-bit cache (the 16-bit fixed cost), else the format's own cost.
     const kf_kv_format f = i % 2 ? kf_kv_format(i % 4) : KF_KV_BF16;
     s.fc = i % 2 ? kf::sched_fixed_cost(kf::KvFormat(int(f))) : kf::kFixedCost16;
+    s.spread = false;  // the CPU backend never spreads
     s.build();
     const kf_status st =
         kf_mla_metadata_for_format(seqlens.dl(), s.h_q, s.s_q, s.W, f, meta.dl(), nullptr);
@@ -254,15 +265,18 @@ TEST(Scheduler, CApiMetadataIsTheSharedScheduler) {
 // The closed form the GPU's parallel metadata kernel evaluates (one value per thread), run here
 // step by step: the same bytes as build_schedule's walk.
 std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, int h_q, int s_q,
-                                          int W, int fc) {
+                                          int W, int fc, bool spread) {
   const int batch = int(seqlens.size());
   std::vector<int32_t> meta(size_t(kf::metadata_size(batch, W)), -777);
   std::vector<int64_t> seg_prefix(batch + 1, 0);
   for (int r = 0; r < batch; ++r)
     seg_prefix[r + 1] = seg_prefix[r] + kf::sched_seg_len(std::max(0, seqlens[r]), fc);
-  const int active = kf::sched_active_workers(seg_prefix.data(), batch, W, fc);
+  const kf::SchedWorkers sw = kf::sched_workers(
+      kf::sched_active_workers(seg_prefix.data(), batch, W, fc), seg_prefix[batch], W, spread);
   std::vector<kf::SchedCut> cut(W + 1);
-  for (int w = 0; w <= W; ++w) cut[w] = kf::schedule_cut(seg_prefix.data(), batch, active, fc, w);
+  for (int w = 0; w <= W; ++w)
+    cut[w] = kf::schedule_cut(seg_prefix.data(), batch, sw.active, fc,
+                              kf::sched_cut_index(w, sw.spread));
   std::vector<int> nb(W + 1, 0);  // boundaries among cuts 1..w
   for (int w = 1; w <= W; ++w) nb[w] = nb[w - 1] + kf::schedule_boundary(cut[w - 1], cut[w]);
   for (int w = 0; w < W; ++w)
@@ -274,7 +288,7 @@ std::vector<int32_t> closed_form_schedule(const std::vector<int32_t>& seqlens, i
       if (cut[w].req < r) last = w;
     piece_offset[r] = r + (last < 0 ? 0 : nb[last]);
   }
-  kf::write_meta_header(meta.data(), batch, h_q, s_q, W, batch + nb[W], fc);
+  kf::write_meta_header(meta.data(), batch, h_q, s_q, W, batch + nb[W], fc, spread);
   return meta;
 }
 
@@ -291,13 +305,57 @@ TEST(Scheduler, WholeRequestsWhenTheyLineUp) {
     EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], b);
     for (int w = 0; w < 64; ++w) EXPECT_EQ(int(s.pieces_of(w).size()), b / 64) << "worker " << w;
     for (int w = 64; w < 66; ++w) EXPECT_TRUE(s.pieces_of(w).empty()) << "worker " << w;
-    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
+    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta);
     s.seqlens[3] += 64;
     s.build();
     EXPECT_GT(s.meta[kf::kMetaTotalPiecesIdx], b);
     for (int w = 0; w < 66; ++w) EXPECT_FALSE(s.pieces_of(w).empty()) << "worker " << w;
-    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta);
+    EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta);
   }
+}
+
+// Spread allowed, W / 4 < T < W (h_q 128, b 1, s_k 4096 on the H200's 66 workers: T = 65): the
+// line is cut for W / 2 workers placed on the even ones, every odd worker empty, pieces of two
+// tiles (worker 0's cut falls in the request's fixed part, so worker 2 starts the request); not
+// allowed, or with T >= W or T <= W / 4, every worker takes a share as before. The header records
+// the flag; the closed form agrees.
+TEST(Scheduler, HalfTheWorkersSpreadAtSmallBatch) {
+  Sched s;
+  s.seqlens = {4096};
+  s.W = 66;
+  s.h_q = 128;
+  s.spread = true;
+  s.build();
+  EXPECT_EQ(s.meta[kf::kMetaSpreadIdx], 1);
+  expect_exact_cover(s);
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 32);
+  for (int w = 0; w < s.W; ++w) {
+    const auto mine = s.pieces_of(w);
+    if (w % 2 == 1 || w == 0) {
+      EXPECT_TRUE(mine.empty()) << "worker " << w;
+    } else {
+      ASSERT_EQ(mine.size(), 1u) << "worker " << w;
+      EXPECT_EQ(mine[0].token_begin, (w - 2) * kf::kSchedBlockN) << "worker " << w;
+      EXPECT_EQ(mine[0].token_end - mine[0].token_begin, 2 * kf::kSchedBlockN) << "worker " << w;
+    }
+  }
+  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta);
+  s.spread = false;  // not allowed (the portable kernels, the CPU backend): every worker
+  s.build();
+  EXPECT_EQ(s.meta[kf::kMetaSpreadIdx], 0);
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 64);
+  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta);
+  s.spread = true;
+  s.seqlens = {4096, 4096};  // T = 130 >= W: every worker
+  s.build();
+  int odd_busy = 0;
+  for (int w = 1; w < s.W; w += 2) odd_busy += !s.pieces_of(w).empty();
+  EXPECT_EQ(odd_busy, s.W / 2 - 1) << "all but one odd worker busy (one cut in a fixed part)";
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 64);
+  s.seqlens = {256};  // T = 5 <= W / 4: every worker (most of them empty)
+  s.build();
+  EXPECT_EQ(s.meta[kf::kMetaTotalPiecesIdx], 4);
+  EXPECT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta);
 }
 
 TEST(Scheduler, ClosedFormEqualsTheWalk) {
@@ -318,7 +376,7 @@ TEST(Scheduler, ClosedFormEqualsTheWalk) {
       s.W = wa + int(rng() % 4);
       s.build();
     }
-    ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc), s.meta)
+    ASSERT_EQ(closed_form_schedule(s.seqlens, s.h_q, s.s_q, s.W, s.fc, s.spread), s.meta)
         << "case " << i << ": batch " << s.batch() << " W " << s.W;
   }
 }

@@ -7,6 +7,9 @@
 // consumer warpgroup scores. Skips with the reason where the device or the build has
 // no sm_90a family (it needs compute capability 9.0 and a build for 90). h_q 16 with s_q 1 runs the portable M16 kernel in both families (the sm_90a
 // family's explicit choice, decode_family_sm90a.cu); every other case runs the wgmma kernel.
+#include <cstring>
+
+#include "core/scheduler.h"
 #include "gpu_util.h"
 
 using namespace kft;
@@ -144,6 +147,40 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuSm90aDecode, ::testing::ValuesIn(sm90a_cases())
 
 // A long request split over many workers, with h_q 128 and s_q 2 (256 rows, 4 row tiles): the
 // partials and the combine, against the CPU backend.
+// The metadata follows the family that will decode it (MlaMetadataParams::spread): for a 128-row
+// call of one 4096-token request on 66 workers the sm_90a family puts half the workers on the
+// even ones (pieces of two tiles), the portable family keeps every worker. Each is the CPU walk's
+// bytes for the flag its header records.
+TEST(GpuSm90aMetadata, SpreadFollowsTheFamily) {
+  KF_REQUIRE_SM90A();
+  const std::vector<int32_t> lens = {4096};
+  HostTensor sl(kI32, {1});
+  sl.ptr<int32_t>()[0] = lens[0];
+  DeviceTensor dsl(sl);
+  ASSERT_TRUE(dsl.ok());
+  size_t n = 0;
+  ASSERT_EQ(kf_mla_metadata_size(1, 66, &n), KF_SUCCESS);
+  HostTensor meta(kI32, {int64_t(n)});
+  for (const char* family : {"sm80", "sm90a"}) {
+    FamilyScope scope(family);
+    const bool spread = std::string(family) == "sm90a";
+    meta.fill<int32_t>(-1);
+    DeviceTensor dmeta(meta);
+    ASSERT_TRUE(dmeta.ok());
+    ASSERT_EQ(kf_mla_metadata_for_format(dsl.dl(), 128, 1, 66, KF_KV_BF16, dmeta.dl(), nullptr),
+              KF_SUCCESS)
+        << kf_last_error();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(dmeta.download(meta));
+    const int32_t* m = meta.ptr<int32_t>();
+    EXPECT_EQ(m[kf::kMetaSpreadIdx], spread ? 1 : 0) << family;
+    EXPECT_EQ(m[kf::kMetaTotalPiecesIdx], spread ? 32 : 64) << family;
+    std::vector<int32_t> want(n);
+    kf::build_schedule(lens.data(), 1, 128, 1, 66, kf::kFixedCost16, spread, want.data());
+    EXPECT_EQ(0, std::memcmp(m, want.data(), n * sizeof(int32_t))) << family;
+  }
+}
+
 TEST(GpuSm90aDecodeSplit, LongRequestsMatchCpuBackend) {
   KF_REQUIRE_GPU();
 #if KF_TESTS_WITH_CUDA

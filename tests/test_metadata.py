@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import kernelflow as kf
 
 HEADER, WORKER_LEN, BLOCK_N = 16, 8, 64
-MAGIC, VERSION = 0x4B464D44, 2
+MAGIC, VERSION = 0x4B464D44, 3
 # The scheduler's fixed cost per piece, by the cache format the metadata is made for.
 FIXED_COST = {"bf16": 1, "fp16": 1, "fp8_e4m3": 1, "int8": 1}
 
@@ -44,11 +44,22 @@ def active_workers(seqlens, workers, fixed):
     return cand
 
 
+def spread_half(seqlens, workers, fixed, allowed):
+    """Whether the line is cut for workers / 2 workers placed on the even ones (src/core/
+    scheduler.h, "Half the workers"): allowed by the call (header word 9: the CUDA decode
+    family's choice, never the CPU backend's), workers even, W / 4 < T < W, and the
+    whole-request rule not taken."""
+    line = sum(tiles(n) + fixed for n in seqlens)
+    return (allowed and workers >= 4 and workers % 2 == 0 and line < workers
+            and 4 * line > workers and active_workers(seqlens, workers, fixed) == workers)
+
+
 def decode_metadata(meta, seqlens):
     """-> header dict, piece_offset, and per worker the pieces (req, begin, end, piece)."""
     meta = np.asarray(meta).astype(np.int64)
     header = dict(magic=meta[0], version=meta[1], batch=meta[2], h_q=meta[3], s_q=meta[4],
-                  workers=meta[5], block_n=meta[6], total=meta[7], fixed_cost=meta[8])
+                  workers=meta[5], block_n=meta[6], total=meta[7], fixed_cost=meta[8],
+                  spread=meta[9])
     batch, workers = int(meta[2]), int(meta[5])
     w = meta[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
     piece_offset = meta[HEADER + workers * WORKER_LEN : HEADER + workers * WORKER_LEN + batch + 1]
@@ -83,7 +94,8 @@ def check_schedule(meta, seqlens, h_q, s_q, workers, kv_format="bf16"):
     assert header["fixed_cost"] == fixed
     total = int(header["total"])
     m = np.asarray(meta).astype(np.int64)
-    assert not m[9:HEADER].any(), "reserved header words are zero"
+    assert header["spread"] in (0, 1)
+    assert not m[10:HEADER].any(), "reserved header words are zero"
     w = m[HEADER : HEADER + workers * WORKER_LEN].reshape(workers, WORKER_LEN)
     assert not w[:, 5:].any(), "reserved worker words are zero"
     assert tuple(w[0, :2]) == (0, 0) and tuple(w[-1, 2:4]) == (batch, 0)
@@ -116,10 +128,13 @@ def check_schedule(meta, seqlens, h_q, s_q, workers, kv_format="bf16"):
     # Bound: cost = tiles + fixed cost per piece, at most ceil(T / W_a) + one fixed cost.
     line = sum(tiles(n) + fixed for n in seqlens)
     active = active_workers(seqlens, workers, fixed)
-    bound = math.ceil(line / active) + fixed
-    if active < workers:
+    if spread_half(seqlens, workers, fixed, header["spread"] == 1):
+        active = workers // 2
+        assert all(not mine for mine in pieces[1::2]), "spread: odd workers get nothing"
+    elif active < workers:
         assert total == batch, "whole requests: one piece each"
         assert all(not mine for mine in pieces[active:]), "workers past W_a get nothing"
+    bound = math.ceil(line / active) + fixed
     for k, mine in enumerate(pieces):
         cost = sum(tiles(hi - lo) + fixed for _, lo, hi, _ in mine)
         assert cost <= bound, f"worker {k}: cost {cost} > bound {bound}"
@@ -157,6 +172,8 @@ def test_default_workers_and_size():
         kf.default_num_workers("cpu", 16, batch=0)
     meta = kf.get_mla_metadata(sl, 16)
     assert meta.shape == (kf.metadata_size(3, workers),)
+    from kernelflow import mla
+    assert (int(meta[0]), int(meta[1])) == (mla._META_MAGIC, mla._META_VERSION)
     check_schedule(meta, sl, 16, 1, workers)
 
 
@@ -183,6 +200,16 @@ def test_whole_requests_when_they_line_up(batch, workers, active):
     meta = kf.get_mla_metadata(np.array(longer, np.int32), 128, 1, num_workers=workers)
     check_schedule(meta, longer, 128, 1, workers)
     assert sum(1 for mine in decode_metadata(meta, longer)[2] if mine) == workers
+
+
+def test_cpu_metadata_keeps_every_worker():
+    """The CPU backend never asks for the half-the-workers placement (header word 9 is 0): one
+    4096-token request at 128 rows on 66 workers is cut for all of them."""
+    seqlens = [4096]
+    meta = kf.get_mla_metadata(np.array(seqlens, np.int32), 128, 1, num_workers=66)
+    check_schedule(meta, seqlens, 128, 1, 66)
+    header, piece_offset, _ = decode_metadata(meta, seqlens)
+    assert header["spread"] == 0 and piece_offset[1] == 64
 
 
 def test_balanced_split_of_one_long_request():

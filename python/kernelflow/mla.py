@@ -44,7 +44,7 @@ ERROR_BUFFER_LEN = _C.ERROR_BUFFER_LEN
 INT32_MAX = 2**31 - 1
 
 # The metadata header (docs/design.md): magic "KFMD", layout version, batch, h_q, s_q, ...
-_META_MAGIC, _META_VERSION = 0x4B464D44, 2
+_META_MAGIC, _META_VERSION = 0x4B464D44, 3
 _META_BATCH, _META_H_Q, _META_S_Q = 2, 3, 4
 _Q_LAYOUT = "[b, s_q, h_q, 576]"
 

@@ -83,7 +83,10 @@ KF_API kf_status kf_mla_metadata_for_format(const DLTensor* cache_seqlens, int h
     KF_CHECK(validate_metadata_call(cache_seqlens, h_q, s_q, num_workers, kv_format, metadata,
                                     &dev, &p));
     KF_CHECK(check_backend(dev));
-    if (!dev.cuda) KF_CHECK(check_metadata_seqlens_host(p));
+    if (dev.cuda)
+      KF_CHECK(cuda_metadata_spread(dev.id, h_q * s_q, kf::KvFormat(int(kv_format)), &p.spread));
+    else
+      KF_CHECK(check_metadata_seqlens_host(p));
     return run_metadata(dev, p, stream);
   });
 }

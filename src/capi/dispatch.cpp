@@ -152,6 +152,15 @@ kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_
   });
 }
 
+kf_status cuda_metadata_spread(int device_id, int num_rows, kf::KvFormat kv_format,
+                               bool* spread) {
+  const Device dev{true, device_id};
+  KF_CHECK(check_backend(dev));
+  return on_device(dev, "metadata placement", [&] {
+    return kf::cuda::mla_metadata_spread(device_id, num_rows, kv_format, spread);
+  });
+}
+
 std::string cuda_runtime_description() {
   int v = 0;
   if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
@@ -172,6 +181,10 @@ kf_status check_backend(const Device& dev) {
 int cuda_device_count() { return 0; }
 
 kf_status cuda_default_num_workers(int device_id, int, kf::KvFormat, int, int*) {
+  return check_backend(Device{true, device_id});
+}
+
+kf_status cuda_metadata_spread(int device_id, int, kf::KvFormat, bool*) {
   return check_backend(Device{true, device_id});
 }
 

@@ -51,6 +51,10 @@ int cuda_device_count();  // 0 without a driver or GPU, or without CUDA in the b
 // batch: the call's batch where known (kf_mla_default_num_workers_for_batch), else 0.
 kf_status cuda_default_num_workers(int device_id, int num_rows, kf::KvFormat kv_format, int batch,
                                    int* num_workers);
+// Whether the device's decode family asks metadata for num_rows rows of a kv_format cache to put
+// half the workers on the even ones at small batch (MlaMetadataParams::spread).
+kf_status cuda_metadata_spread(int device_id, int num_rows, kf::KvFormat kv_format,
+                               bool* spread);
 std::string cuda_runtime_description();  // "cuda runtime 13.0" or "no CUDA runtime"
 
 }  // namespace kf::capi

@@ -66,9 +66,16 @@ kf_status check_decode_contents_host(const MlaDecodeParams& p) {
                 "metadata: fixed cost %d out of range 0..%d: make it with "
                 "kf_mla_metadata_for_format",
                 fixed_cost, kMaxFixedCost);
+  const int32_t spread = meta[kMetaSpreadIdx];
+  if (spread != 0 && spread != 1)
+    return fail(KF_ERROR_INVALID_ARGUMENT,
+                "metadata: placement word %d is neither 0 nor 1: make it with "
+                "kf_mla_metadata_for_format",
+                spread);
   std::vector<int32_t> seqlens(p.cache_seqlens, p.cache_seqlens + p.batch);
   std::vector<int32_t> want(size_t(metadata_size(p.batch, p.num_workers)));
-  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, fixed_cost, want.data());
+  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, fixed_cost, spread == 1,
+                 want.data());
   for (size_t i = 0; i < want.size(); ++i)
     if (meta[i] != want[i])
       return fail(KF_ERROR_INVALID_ARGUMENT,

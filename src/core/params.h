@@ -58,6 +58,10 @@ struct MlaMetadataParams {
   const int32_t* cache_seqlens;  // [batch]
   int batch, h_q, s_q, num_workers;
   int fixed_cost;  // the scheduler's per-piece cost in tiles: sched_fixed_cost(cache format)
+  // Whether the schedule may put half the workers on the even ones at small batch (core/
+  // scheduler.h): the CUDA decode family's choice for the call (mla_metadata_spread), never on
+  // the CPU backend. Recorded in the header.
+  bool spread;
   int32_t* metadata;
   int32_t* error_buffer;  // nullable
 };

@@ -6,7 +6,8 @@
 // input); it depends on the cache format (sched_fixed_cost) and is recorded in the metadata.
 // Lay all requests on one line of T = sum seg_len units and cut it at
 // c_w = floor(w * T / W_a) for w = 1 .. W_a-1, W_a the active workers (W, or fewer when that
-// keeps every request whole: "Whole requests" below). A cut inside request r's fixed part moves
+// keeps every request whole, or half of W at small batch where the caller allows it: "Whole
+// requests" and "Half the workers" below). A cut inside request r's fixed part moves
 // back to the request's start (the whole request goes to the later worker); a cut inside its
 // tiles splits it there. Worker w owns the line from its start to the next worker's start, so
 // every tile is covered exactly once, and its cost is at most ceil(T / W_a) + F (the fixed cost
@@ -15,7 +16,8 @@
 //
 // Metadata layout (int32):
 //   [0, kMetaHeaderLen)            header: magic, version, batch, h_q, s_q, num_workers,
-//                                  block_n, total_pieces, fixed_cost F, then zeros
+//                                  block_n, total_pieces, fixed_cost F, spread (1 when the
+//                                  half-the-workers placement below was allowed), then zeros
 //   next num_workers * kMetaWorkerLen   per worker: start_req, start_tile, end_req, end_tile,
 //                                  first_piece, then zeros. The worker covers the (req, tile)
 //                                  points in [start, end) in lexicographic order; an empty
@@ -45,7 +47,7 @@ KF_HD inline int sched_fixed_cost(KvFormat f) { return is_8bit(f) ? kFixedCost8 
 constexpr int kMetaHeaderLen = 16;
 constexpr int kMetaWorkerLen = 8;
 constexpr int32_t kMetaMagic = 0x4B464D44;  // "KFMD"
-constexpr int32_t kMetaVersion = 2;  // the layout below, with the fixed cost in the header
+constexpr int32_t kMetaVersion = 3;  // the layout below, with the fixed cost and spread in the header
 
 enum MetaHeader {
   kMetaMagicIdx = 0,
@@ -56,7 +58,8 @@ enum MetaHeader {
   kMetaWorkersIdx,
   kMetaBlockNIdx,
   kMetaTotalPiecesIdx,
-  kMetaFixedCostIdx
+  kMetaFixedCostIdx,
+  kMetaSpreadIdx
 };
 enum MetaWorker { kWStartReq = 0, kWStartTile, kWEndReq, kWEndTile, kWFirstPiece };
 
@@ -100,6 +103,35 @@ KF_HD inline int sched_whole_candidate(int batch, int num_workers) {
 KF_HD inline int64_t schedule_cut_point(int64_t total, int active, int w) {
   return total / active * w + total % active * w / active;
 }
+
+// ---- Half the workers, on the even ones, at small batch ----
+// Where the caller allows it (`spread`: the decode family that will run the call says so,
+// DecodeFamily::spread_small_batch; never on the CPU backend), a line shorter than the worker
+// count but longer than a quarter of it (W / 4 < T < W, W even, and the whole-request rule not
+// taken) is cut for W_a = W / 2 workers, and cut j's share goes to worker 2 j: worker w's range
+// runs from cut sched_cut_index(w) to cut sched_cut_index(w + 1), so every odd worker starts and
+// ends at the same cut and gets nothing. On the H200's sm_90a kernel (one block per SM) pieces of
+// two tiles fill its two-tile step and the working blocks lie across the grid rather than in its
+// first half: h_q 128 b = 1, h_q 64 b = 2 and h_q 32 b = 2 at s_k 4096 7-9% faster; on the
+// portable kernels the same placement was 4-7% slower (docs/optimization/decode.md,
+// sched-spread-half), so they do not ask for it.
+KF_HD inline bool sched_spread_half(int64_t total, int num_workers) {
+  return num_workers >= 4 && num_workers % 2 == 0 && total < num_workers &&
+         4 * total > num_workers;
+}
+// W_a and the placement: the whole-request rule's W_a (sched_active_workers*), or W / 2 spread.
+struct SchedWorkers {
+  int active;
+  bool spread;
+};
+KF_HD inline SchedWorkers sched_workers(int whole_active, int64_t total, int num_workers,
+                                        bool spread_allowed) {
+  if (spread_allowed && whole_active == num_workers && sched_spread_half(total, num_workers))
+    return {num_workers / 2, true};
+  return {whole_active, false};
+}
+// The cut that starts worker w (and ends worker w - 1): cut w, or cut (w + 1) / 2 when spread.
+KF_HD inline int sched_cut_index(int w, bool spread) { return spread ? (w + 1) / 2 : w; }
 
 // ---- The same schedule in closed form, for the GPU's parallel metadata kernel ----
 // With S[r] = sum of seg_len over requests < r (S[0] = 0, S[batch] = T), the cut between
@@ -157,7 +189,7 @@ KF_HD inline void write_meta_worker(int32_t* meta, int w, SchedCut start, SchedC
   for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
 }
 KF_HD inline void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, int num_workers,
-                                   int total_pieces, int fixed_cost) {
+                                   int total_pieces, int fixed_cost, bool spread) {
   meta[kMetaMagicIdx] = kMetaMagic;
   meta[kMetaVersionIdx] = kMetaVersion;
   meta[kMetaBatchIdx] = batch;
@@ -167,7 +199,8 @@ KF_HD inline void write_meta_header(int32_t* meta, int batch, int h_q, int s_q, 
   meta[kMetaBlockNIdx] = kSchedBlockN;
   meta[kMetaTotalPiecesIdx] = total_pieces;
   meta[kMetaFixedCostIdx] = fixed_cost;
-  for (int i = kMetaFixedCostIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
+  meta[kMetaSpreadIdx] = spread ? 1 : 0;
+  for (int i = kMetaSpreadIdx + 1; i < kMetaHeaderLen; ++i) meta[i] = 0;
 }
 
 // W_a by walking the requests (build_schedule's way: no prefix array), `total` the line's
@@ -192,10 +225,13 @@ KF_HD inline int sched_active_workers_walk(const int32_t* seqlens, int batch, in
 // parallel from the closed form above, and runs this walk for batches too large for its shared
 // memory (cuda/sched/).
 KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int s_q,
-                                 int num_workers, int fixed_cost, int32_t* meta) {
+                                 int num_workers, int fixed_cost, bool spread, int32_t* meta) {
   int64_t total = 0;
   for (int r = 0; r < batch; ++r) total += sched_seg_len(seqlens[r], fixed_cost);
-  const int active = sched_active_workers_walk(seqlens, batch, num_workers, fixed_cost, total);
+  const SchedWorkers sw =
+      sched_workers(sched_active_workers_walk(seqlens, batch, num_workers, fixed_cost, total),
+                    total, num_workers, spread);
+  const int active = sw.active;
 
   int32_t* piece_offset = meta + kMetaHeaderLen + num_workers * kMetaWorkerLen;
   for (int r = 0; r <= batch; ++r) piece_offset[r] = 0;  // used as split counts first
@@ -207,22 +243,28 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
   int32_t* w0 = meta_worker(meta, 0);
   w0[kWStartReq] = 0;
   w0[kWStartTile] = 0;
-  // c = floor(w * total / W_a), stepped without a 64-bit division per worker (slow on a GPU):
-  // w * total = w * step * W_a + w * rem, and frac carries w * rem modulo W_a.
+  // Cut k lies at c = floor(k * total / W_a), stepped without a 64-bit division per cut (slow on
+  // a GPU): k * total = k * step * W_a + k * rem, and frac carries k * rem modulo W_a. Worker w
+  // starts at cut k = sched_cut_index(w); a repeated cut (spread) repeats the previous point.
   const int64_t step = total / active, rem = total % active;
   int64_t c = 0, frac = 0;
+  int k_prev = 0, req = 0, tile = 0;
   for (int w = 1; w <= num_workers; ++w) {
-    int req, tile;
-    c += step;
-    frac += rem;
-    if (frac >= active) {
-      frac -= active;
-      c += 1;
-    }
-    if (w >= active) {
+    const int k = sched_cut_index(w, sw.spread);
+    if (k == k_prev) {
+      // the same cut as worker w - 1's start: (req, tile) unchanged
+    } else if (k >= active) {
+      k_prev = k;
       req = batch;
       tile = 0;
     } else {
+      k_prev = k;
+      c += step;
+      frac += rem;
+      if (frac >= active) {
+        frac -= active;
+        c += 1;
+      }
       while (r < batch && seg_start + sched_seg_len(seqlens[r], fixed_cost) <= c) {
         seg_start += sched_seg_len(seqlens[r], fixed_cost);
         ++r;
@@ -270,7 +312,7 @@ KF_HD inline void build_schedule(const int32_t* seqlens, int batch, int h_q, int
     wk[kWFirstPiece] = (sr < batch ? piece_offset[sr] : acc) + run_k;
     for (int i = kWFirstPiece + 1; i < kMetaWorkerLen; ++i) wk[i] = 0;
   }
-  write_meta_header(meta, batch, h_q, s_q, num_workers, acc, fixed_cost);
+  write_meta_header(meta, batch, h_q, s_q, num_workers, acc, fixed_cost, spread);
 }
 
 // One piece of work: request `req`, tokens [token_begin, token_end), split index `piece`

@@ -17,7 +17,8 @@ void mla_metadata(const MlaMetadataParams& p) {
     }
     seqlens[r] = s;
   }
-  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, p.fixed_cost, p.metadata);
+  build_schedule(seqlens.data(), p.batch, p.h_q, p.s_q, p.num_workers, p.fixed_cost, p.spread,
+                 p.metadata);
 }
 
 }  // namespace kf::cpu

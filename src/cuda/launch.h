@@ -26,6 +26,11 @@ cudaError_t device_family(int device, KernelFamily* family);
 cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format, int batch,
                                     int* num_workers);
 
+// Whether metadata for a decode of num_rows rows over a kv_format cache on `device` may put half
+// the workers on the even ones at small batch (MlaMetadataParams::spread): the decode family's
+// choice for the kernel that will run the call.
+cudaError_t mla_metadata_spread(int device, int num_rows, KvFormat kv_format, bool* spread);
+
 cudaError_t launch_mla_metadata(const MlaMetadataParams& p, cudaStream_t stream);
 // Decode (the pieces) then combine (split requests), on one stream.
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream);

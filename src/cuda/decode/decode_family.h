@@ -16,6 +16,9 @@ struct DecodeFamily {
   int (*blocks_per_sm)(int device, int num_rows, KvFormat kv_format, int batch);
   // Launch the decode of validated params on the current device (the pieces, not the combine).
   cudaError_t (*run)(const MlaDecodeParams& p, cudaStream_t stream);
+  // Whether its kernel for the call is better served by half the workers on the even ones at
+  // small batch (core/scheduler.h, MlaMetadataParams::spread).
+  bool (*spread_small_batch)(int device, int num_rows, KvFormat kv_format);
 };
 
 // The portable family: src/cuda/decode/sm80/decode_family_sm80.cu.

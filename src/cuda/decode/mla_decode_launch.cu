@@ -71,6 +71,14 @@ cudaError_t mla_default_num_workers(int device, int num_rows, KvFormat kv_format
   return cudaSuccess;
 }
 
+cudaError_t mla_metadata_spread(int device, int num_rows, KvFormat kv_format, bool* spread) {
+  const DecodeFamily* family = nullptr;
+  const cudaError_t err = device_decode_family(device, &family);
+  if (err != cudaSuccess) return err;
+  *spread = family->spread_small_batch(device, num_rows, kv_format);
+  return cudaSuccess;
+}
+
 cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   if (!decode_layout_ok(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;

@@ -235,7 +235,8 @@ cudaError_t record_step(const LayerGraphParams& p, const LayerBuffers& buf, cuda
   m.fixed_cost = sched_fixed_cost(p.dims.kv_format);
   m.metadata = buf.metadata;
   m.error_buffer = p.io.error_buffer;
-  cudaError_t err = launch_mla_metadata(m, s);
+  cudaError_t err = mla_metadata_spread(current_device(), m.h_q, p.dims.kv_format, &m.spread);
+  if (err == cudaSuccess) err = launch_mla_metadata(m, s);
   for (int l = 0; l < p.num_layers && err == cudaSuccess; ++l) err = record_layer(p, l, buf, s);
   return err;
 }

@@ -78,14 +78,16 @@ __global__ void __launch_bounds__(kMetaThreads)
   __syncthreads();
   block_inclusive_scan(seg_prefix + 1, batch, warp_tot64);
   // 2. W_a (sched_active_workers: the whole-request candidate when none of its cuts splits a
-  // request), the cuts between workers; 3. nb[w] = piece boundaries among cuts 1..w.
+  // request; else sched_workers' half at small batch where p.spread allows it), the cut that starts each worker
+  // (sched_cut_index); 3. nb[w] = piece boundaries among cuts 1..w.
   const int cand = sched_whole_candidate(batch, W);
   bool split = false;
   for (int w = 1 + tid; w < cand; w += kMetaThreads)
     split |= schedule_cut(seg_prefix, batch, cand, p.fixed_cost, w).tile > 0;
-  const int active = __syncthreads_or(split) ? W : cand;
+  const SchedWorkers sw =
+      sched_workers(__syncthreads_or(split) ? W : cand, seg_prefix[batch], W, p.spread);
   for (int w = tid; w <= W; w += kMetaThreads)
-    cut[w] = schedule_cut(seg_prefix, batch, active, p.fixed_cost, w);
+    cut[w] = schedule_cut(seg_prefix, batch, sw.active, p.fixed_cost, sched_cut_index(w, sw.spread));
   __syncthreads();
   for (int w = tid; w <= W; w += kMetaThreads)
     nb[w] = w == 0 ? 0 : int(schedule_boundary(cut[w - 1], cut[w]));
@@ -107,7 +109,8 @@ __global__ void __launch_bounds__(kMetaThreads)
     }
     piece_offset[r] = r + (lo == 0 ? 0 : nb[lo - 1]);
   }
-  if (tid == 0) write_meta_header(p.metadata, batch, p.h_q, p.s_q, W, batch + nb[W], p.fixed_cost);
+  if (tid == 0)
+    write_meta_header(p.metadata, batch, p.h_q, p.s_q, W, batch + nb[W], p.fixed_cost, p.spread);
 }
 
 // The walk, for batches whose arrays do not fit shared memory.
@@ -117,7 +120,7 @@ __global__ void mla_metadata_walk_kernel(const __grid_constant__ MlaMetadataPara
       report_device_error(p.error_buffer, kDevErrSeqlenRange, r, p.cache_seqlens[r]);
   if (threadIdx.x == 0)  // build_schedule treats a negative length as 0 too
     build_schedule(p.cache_seqlens, p.batch, p.h_q, p.s_q, p.num_workers, p.fixed_cost,
-                   p.metadata);
+                   p.spread, p.metadata);
 }
 
 }  // namespace

@@ -47,8 +47,12 @@ cudaError_t run(const MlaDecodeParams& p, cudaStream_t stream) {
                                  : run_dtype<__half>(p, stream);
 }
 
+// The portable kernels keep every worker: half of them on the even ones was 4-7% slower at
+// h_q 32 to 128, b 1 to 4 on the H200 (docs/optimization/decode.md, sched-spread-half).
+bool spread_small_batch(int, int, KvFormat) { return false; }
+
 }  // namespace
 
-const DecodeFamily kDecodeSm80 = {row_tiles, blocks_per_sm, run};
+const DecodeFamily kDecodeSm80 = {row_tiles, blocks_per_sm, run, spread_small_batch};
 
 }  // namespace kf::cuda

@@ -23,6 +23,14 @@ inline bool sm90a_kernel_runs(int num_rows, KvFormat kv_format) {
   return !is_8bit(kv_format) && num_rows > kSm90aPortableMaxRows;
 }
 
+// The calls whose schedule may put half the workers on the even ones at small batch
+// (MlaMetadataParams::spread): the wgmma kernel's, one block per SM with a two-tile step; at
+// h_q 128 b 1, h_q 64 b 2 and h_q 32 b 2 (s_k 4096) on the H200 7-9% faster
+// (docs/optimization/decode.md, sched-spread-half).
+inline bool sm90a_spread_small_batch(int num_rows, KvFormat kv_format) {
+  return sm90a_kernel_runs(num_rows, kv_format);
+}
+
 // Blocks along the row axis of the sm_90a kernel for num_rows rows.
 inline int sm90a_row_tiles(int num_rows) { return ceil_div(num_rows, MlaSm90aTraits::kBlockM); }
 

@@ -73,8 +73,12 @@ cudaError_t run(const MlaDecodeParams& p, cudaStream_t stream) {
                      : run_mla_decode_sm90a<__half, false>(p, kv_map, stream);
 }
 
+bool spread_small_batch(int, int num_rows, KvFormat kv_format) {
+  return sm90a_spread_small_batch(num_rows, kv_format);
+}
+
 }  // namespace
 
-const DecodeFamily kDecodeSm90a = {row_tiles, blocks_per_sm, run};
+const DecodeFamily kDecodeSm90a = {row_tiles, blocks_per_sm, run, spread_small_batch};
 
 }  // namespace kf::cuda
