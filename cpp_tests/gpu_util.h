@@ -5,6 +5,10 @@
 
 #include "test_util.h"
 
+#include <cstring>
+
+#include "core/scheduler.h"
+
 #if KF_TESTS_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -132,6 +136,26 @@ inline void expect_close_to(Built& gpu, Built& cpu, double max_cos = 1e-5, doubl
       }
   EXPECT_LT(worst, max_cos);
   EXPECT_LT(worst_lse, max_lse);
+}
+
+// The metadata bytes a GPU call should have written for the problem whose CPU backend call wrote
+// `cpu`. The CPU backend never spreads the workers (MlaMetadataParams::spread); where the GPU
+// decode family asked for it (header word kMetaSpreadIdx of `gpu` is 1), the expected bytes are
+// the same lengths scheduled with the spread, else the CPU bytes themselves.
+inline std::vector<uint8_t> metadata_expected_on_gpu(const Problem& pr, std::vector<uint8_t> cpu,
+                                                     const std::vector<uint8_t>& gpu) {
+  const auto word = [](const std::vector<uint8_t>& m, int i) {
+    int32_t v = 0;
+    if (m.size() >= sizeof(int32_t) * size_t(i + 1)) std::memcpy(&v, m.data() + 4 * i, 4);
+    return v;
+  };
+  if (word(gpu, kf::kMetaSpreadIdx) != 1) return cpu;
+  const std::vector<int32_t> lens(pr.seqlens.begin(), pr.seqlens.end());
+  std::vector<int32_t> want(cpu.size() / sizeof(int32_t), 0);
+  kf::build_schedule(lens.data(), pr.batch, pr.h_q, pr.s_q, pr.num_workers,
+                     word(cpu, kf::kMetaFixedCostIdx), true, want.data());
+  std::memcpy(cpu.data(), want.data(), want.size() * sizeof(int32_t));
+  return cpu;
 }
 
 }  // namespace kft
