@@ -713,11 +713,14 @@ def test_gpu_layer_matches_cpu(rng, shape, fmt):
 
 @pytest.mark.gpu
 @pytest.mark.needs_torch
-@pytest.mark.parametrize("batch", [1, 8, 32, 33, 128])
-def test_gpu_layer_batch_sizes(rng, batch):
-    """The skinny GEMMs at every batch size class, V2-Lite, one layer."""
+@pytest.mark.parametrize("batch,fmt", [(1, "bf16"), (8, "bf16"), (32, "bf16"), (33, "bf16"),
+                                       (128, "bf16"), (64, "fp8_e4m3"), (128, "int8")])
+def test_gpu_layer_batch_sizes(rng, batch, fmt):
+    """The skinny GEMMs at every batch size class, V2-Lite, one layer; the 8-bit cases at the
+    batches where the default worker count takes another decode kernel on some GPUs (the sm_90a
+    family's 8-bit kernel: kf_mla_default_num_workers_for_batch)."""
     history = rng.integers(1, 600, size=batch)
-    p = make_problem(rng, V2_LITE, "bf16", history=history, steps=2, num_layers=1,
+    p = make_problem(rng, V2_LITE, fmt, history=history, steps=2, num_layers=1,
                      page_size=64, spare_rows=min(1, kf._C.LAYER_MAX_BATCH - batch))
     compare_devices(p, steps=2)
 
