@@ -675,10 +675,10 @@ def test_error_writes_nothing(valid):
 
 GPU = "cuda"  # the PyTorch device of the GPU tests
 
-def compare_devices(p: Problem, steps: int):
-    """The CUDA graph and the CPU layer, same inputs and cache format: the output of every step
-    within the acceptance bound."""
-    cpu, gpu = Runner(p), Runner(p, device=GPU)
+def compare_devices(p: Problem, steps: int, gpu_workers=None):
+    """The CUDA graph (with gpu_workers decode workers, None: the graph's default) and the CPU
+    layer, same inputs and cache format: the output of every step within the acceptance bound."""
+    cpu, gpu = Runner(p), Runner(p, device=GPU, num_workers=gpu_workers)
     dists = []
     for step in range(steps):
         want, got = cpu.step(step), gpu.step(step)
@@ -716,13 +716,15 @@ def test_gpu_layer_matches_cpu(rng, shape, fmt):
 @pytest.mark.parametrize("batch,fmt", [(1, "bf16"), (8, "bf16"), (32, "bf16"), (33, "bf16"),
                                        (128, "bf16"), (64, "fp8_e4m3"), (128, "int8")])
 def test_gpu_layer_batch_sizes(rng, batch, fmt):
-    """The skinny GEMMs at every batch size class, V2-Lite, one layer; the 8-bit cases at the
-    batches where the default worker count takes another decode kernel on some GPUs (the sm_90a
-    family's 8-bit kernel: kf_mla_default_num_workers_for_batch)."""
+    """The skinny GEMMs at every batch size class, V2-Lite, one layer. The 8-bit cases also run
+    with the worker count a plain decode of that batch takes by default, which on an H200 picks
+    the sm_90a family's 8-bit kernel (the graph's own default keeps the format's count)."""
     history = rng.integers(1, 600, size=batch)
     p = make_problem(rng, V2_LITE, fmt, history=history, steps=2, num_layers=1,
                      page_size=64, spare_rows=min(1, kf._C.LAYER_MAX_BATCH - batch))
     compare_devices(p, steps=2)
+    if fmt != "bf16":
+        compare_devices(p, steps=2, gpu_workers=kf.default_num_workers(GPU, 16, 1, fmt, batch=batch))
 
 
 @pytest.mark.gpu

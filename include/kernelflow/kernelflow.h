@@ -215,8 +215,7 @@ typedef struct kf_layer_io {
 typedef struct kf_layer_graph kf_layer_graph;
 
 /* Bytes of workspace a graph of this config needs for `batch` requests and num_workers decode
- * workers (0: the device's default for a decode of `batch` requests,
- * kf_mla_default_num_workers_for_batch); device_id -1 for the CPU backend. */
+ * workers (0: the device's default); device_id -1 for the CPU backend. */
 KF_API kf_status kf_layer_workspace_size(const kf_layer_config* config, int batch, int num_workers,
                                          int device_id, size_t* bytes);
 /* Validate everything and build the graph of num_layers layers for the first `batch` rows of the

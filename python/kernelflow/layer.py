@@ -152,8 +152,7 @@ def _check_config(config) -> LayerConfig:
 def layer_workspace_size(config: LayerConfig, batch: int, num_workers=None, *, device) -> int:
     """Bytes of workspace a DecodeGraph of this config needs for `batch` requests on `device`
     ('cpu' or -1: 0 bytes; 'cuda:N', an int ordinal, a torch.device, or an array living there);
-    num_workers None means the device's default decode worker count for `batch` requests
-    (default_num_workers(..., batch=batch))."""
+    num_workers None means the device's default decode worker count."""
     config = _check_config(config)
     workers = 0 if num_workers is None else _c_int(num_workers, "num_workers")
     return _call(_C.layer_workspace_size, config._c_fields(), _c_int(batch, "batch"), workers,

@@ -37,7 +37,7 @@ KF_API kf_status kf_layer_workspace_size(const kf_layer_config* config, int batc
     KF_CHECK(check_out_pointer(bytes, "bytes"));
     const Device dev{device_id >= 0, device_id >= 0 ? device_id : 0};
     int workers = 0;
-    if (dev.cuda) KF_CHECK(resolve_layer_workers(dev, dims, batch, num_workers, &workers));
+    if (dev.cuda) KF_CHECK(resolve_layer_workers(dev, dims, num_workers, &workers));
     *bytes = layer_workspace_bytes(dev, dims, batch, workers);
     return KF_SUCCESS;
   });

@@ -342,15 +342,19 @@ kf_status check_layer_num_workers(int num_workers) {
               kMaxWorkers, num_workers);
 }
 
-kf_status resolve_layer_workers(const Device& dev, const LayerDims& d, int batch,
-                                int num_workers, int* resolved) {
+kf_status resolve_layer_workers(const Device& dev, const LayerDims& d, int num_workers,
+                                int* resolved) {
   if (num_workers > 0) {
     *resolved = num_workers;
     return KF_SUCCESS;
   }
-  // One query row per head (s_q = 1): the decode default for this head count, format and batch.
-  return kf_mla_default_num_workers_for_batch(dev.cuda ? dev.id : -1, d.heads, 1,
-                                              kf_kv_format(int(d.kv_format)), batch, resolved);
+  // One query row per head (s_q = 1): the decode default for this head count and format. Not the
+  // count for the batch (kf_mla_default_num_workers_for_batch): the sm_90a 8-bit kernel that it
+  // selects for large FP8 batches made the V2-Lite layer slower on the H200 (b = 64: 91.0 ->
+  // 96.7 us per layer; docs/optimization/layer.md, layer-kv8-default), though level with the
+  // portable kernel as a plain decode. A caller may still pass that count as num_workers.
+  return kf_mla_default_num_workers_for_format(dev.cuda ? dev.id : -1, d.heads, 1,
+                                               kf_kv_format(int(d.kv_format)), resolved);
 }
 
 size_t layer_workspace_bytes(const Device& dev, const LayerDims& d, int batch, int num_workers) {
@@ -382,7 +386,7 @@ kf_status validate_layer_graph_call(const LayerGraphArgs& a, Device* dev, LayerG
 
   KF_CHECK(check_backend(*dev));
   int workers = 0;
-  KF_CHECK(resolve_layer_workers(*dev, d, a.batch, a.num_workers, &workers));
+  KF_CHECK(resolve_layer_workers(*dev, d, a.num_workers, &workers));
   const size_t need = layer_workspace_bytes(*dev, d, a.batch, workers);
   KF_CHECK(check_workspace(a.workspace, hidden, need, a.batch, workers, *dev));
 

@@ -18,10 +18,9 @@ namespace kf::capi {
 kf_status validate_layer_config(const kf_layer_config* config, LayerDims* dims);
 kf_status check_layer_batch(const LayerDims& dims, int batch);
 kf_status check_layer_num_workers(int num_workers);  // 0 (the device default) or 1..kMaxWorkers
-// num_workers, or the device's default decode worker count for the config's heads and format
-// and a call of `batch` requests (kf_mla_default_num_workers_for_batch).
-kf_status resolve_layer_workers(const Device& dev, const LayerDims& dims, int batch,
-                                int num_workers, int* resolved);
+// num_workers, or the device's default decode worker count for the config's heads and format.
+kf_status resolve_layer_workers(const Device& dev, const LayerDims& dims, int num_workers,
+                                int* resolved);
 // Workspace bytes a graph needs on `dev`: the shared layout's total on a CUDA device, 0 on the
 // CPU backend (which keeps its fp32 intermediates to itself).
 size_t layer_workspace_bytes(const Device& dev, const LayerDims& dims, int batch,

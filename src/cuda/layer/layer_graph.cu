@@ -294,7 +294,7 @@ cudaError_t layer_graph_create(const LayerGraphParams& p, LayerGraph** graph) {
   // The decode's kernel family is resolved (and its code loaded) before the capture.
   int workers = 0;
   cudaError_t err =
-      mla_default_num_workers(current_device(), p.dims.heads, p.dims.kv_format, p.batch, &workers);
+      mla_default_num_workers(current_device(), p.dims.heads, p.dims.kv_format, 0, &workers);
   if (err != cudaSuccess) return err;
   const LayerWorkspace ws = layer_workspace_layout(p.dims, p.batch, p.num_workers);
   const LayerBuffers buf = layer_buffers(p.workspace, ws);
