@@ -116,6 +116,27 @@ def test_metadata_matches_cpu(rng):
     assert np.array_equal(gpu_meta.cpu().numpy(), cpu_meta)
 
 
+def test_default_workers_one_block_per_sm_for_one_or_two_requests():
+    """The 16-row configuration with a 16-bit cache: a call of one or two requests gets one
+    worker per SM by default (decode_family_sm80.cu, blocks_per_sm), three or more the format's
+    count; other row counts keep the format's count at every batch. get_mla_metadata's default
+    follows it, and the GPU metadata equals the CPU walk's for that count."""
+    torch = torch_mod()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for fmt in ("bf16", "fp16"):
+        for h_q, s_q in ((16, 1), (8, 2)):
+            for b in (1, 2):
+                assert kf.default_num_workers(0, h_q, s_q, fmt, batch=b) == sms, (fmt, h_q, s_q, b)
+            assert kf.default_num_workers(0, h_q, s_q, fmt, batch=3) == \
+                kf.default_num_workers(0, h_q, s_q, fmt)
+        assert kf.default_num_workers(0, 32, 1, fmt, batch=1) == kf.default_num_workers(0, 32, 1, fmt)
+    sl = np.array([4096, 0], np.int32)
+    gpu_meta = kf.get_mla_metadata(torch.from_numpy(sl).cuda(), 16, 1)
+    assert gpu_meta.shape == (kf.metadata_size(2, sms),)
+    cpu_meta = kf.get_mla_metadata(sl, 16, 1, num_workers=sms)
+    assert np.array_equal(gpu_meta.cpu().numpy(), cpu_meta)
+
+
 def expect_cpu_bytes(gpu, cpu, seqlens, h_q, s_q, workers, family, what):
     """The GPU metadata equals the CPU's, except where the sm_90a family asked for the
     half-the-workers placement at small batch (header word 9), which the CPU backend never does:

@@ -107,9 +107,11 @@ KF_API kf_status kf_mla_default_num_workers_for_format(int device_id, int h_q, i
                                                        kf_kv_format kv_format, int* num_workers);
 /* The same for a call of `batch` requests (1..): where the device runs another decode kernel for
  * large batches the count is that kernel's (on sm_90 the sm_90a family's 8-bit kernel, one block
- * per SM, for FP8 / INT8 caches from about 64 requests per 16 query rows); the metadata, the
- * workspace and the decode of the call must use the same count. A call made with the count of
- * kf_mla_default_num_workers_for_format runs the kernel for any batch. */
+ * per SM, for FP8 / INT8 caches from about 64 requests per 16 query rows), and where a small
+ * batch runs faster on fewer workers the count is that (one or two requests at 16 query rows
+ * with a 16-bit cache: one block per SM); the metadata, the workspace and the decode of the call
+ * must use the same count. A call made with the count of kf_mla_default_num_workers_for_format
+ * runs the kernel for any batch. */
 KF_API kf_status kf_mla_default_num_workers_for_batch(int device_id, int h_q, int s_q,
                                                       kf_kv_format kv_format, int batch,
                                                       int* num_workers);

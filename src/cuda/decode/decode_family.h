@@ -12,7 +12,8 @@ struct DecodeFamily {
   // Query-row tiles (thread blocks along the row axis) for num_rows rows of a kv_format cache,
   // in a call of `batch` requests (0: not known; a family may pick its kernel by the batch).
   int (*row_tiles)(int device, int num_rows, KvFormat kv_format, int batch);
-  // Decode blocks of that configuration resident on one SM of `device` at once.
+  // Decode blocks per SM that the default worker count provides for (SMs x this / row tiles):
+  // as many as fit an SM at once, or fewer where the family runs such a call faster so.
   int (*blocks_per_sm)(int device, int num_rows, KvFormat kv_format, int batch);
   // Launch the decode of validated params on the current device (the pieces, not the combine).
   cudaError_t (*run)(const MlaDecodeParams& p, cudaStream_t stream);
