@@ -137,6 +137,10 @@ std::vector<Sm90aCase> sm90a_cases() {
     for (int page : {16, 32, 64})
       for (int h_q : {16, 64, 128})
         for (int s_q : {1, 2}) v.push_back({bf16, page, h_q, s_q});
+  // Row counts that leave padding rows in a 64-row tile: 40 rows in one tile, 72 in two (the
+  // second holds 8 rows and 56 of padding).
+  v.push_back({true, 64, 40, 1});
+  v.push_back({false, 32, 24, 3});
   return v;
 }
 

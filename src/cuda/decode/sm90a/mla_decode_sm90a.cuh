@@ -163,7 +163,10 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + ln.rbase + 8 * h;
-    const int vis = row < w.p.num_rows ? visible_len(e.seqlen, w.p.s_q, row / w.p.h_q) : 0;
+    // A row past num_rows (its Q zero-filled, its O and lse never stored) sees the piece as a
+    // row without a causal limit does, so a warp holding such rows still takes the softmax's
+    // branch for whole tiles (tile_softmax) on every tile but the piece's last.
+    const int vis = row < w.p.num_rows ? visible_len(e.seqlen, w.p.s_q, row / w.p.h_q) : e.end;
     st.lim[h] = vis < e.end ? vis : e.end;
     st.l[h] = 0.f;
   }

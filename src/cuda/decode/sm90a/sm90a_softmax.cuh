@@ -13,8 +13,8 @@ namespace kf::cuda::sm90a {
 
 // ---- softmax ----
 // Per piece, this thread's rows: lim[h] = the tokens of the piece row rbase + 8 h may see (its
-// causal limit, at most the piece's end; 0 past num_rows); l[h] = this thread's share of the
-// running sum over its warpgroup's tiles, relative to the shared running max.
+// causal limit, at most the piece's end; the piece's end past num_rows); l[h] = this thread's
+// share of the running sum over its warpgroup's tiles, relative to the shared running max.
 struct RowState {
   int lim[2];
   float l[2];
