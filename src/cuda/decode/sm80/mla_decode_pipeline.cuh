@@ -138,18 +138,40 @@ __device__ void write_empty_rows(const MlaDecodeParams& p, int row0, int w, int 
 // Metadata made for another call: thread 0 of worker 0's first row tile reports it, every block
 // writes its rows as empty, and the block returns false. The block is worker w of `workers`
 // (the kernels place the worker on different grid axes).
+__device__ __forceinline__ void prefetch_l1(const void* a) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a));
+}
+
+// Thread 0, once it holds the worker's first point (request req, tile `tile`): that request's
+// cache_seqlens entry and the block-table entry of that tile requested into L1. Nothing waits for
+// them: collect_pieces reads the length one round trip later and the ring's first page lookup
+// (KvRing::start) the entry two round trips later, and both find them in L1. Points outside the
+// batch or the table (an idle worker, metadata of another call) request nothing.
+__device__ __forceinline__ void prefetch_first_lookups(const MlaDecodeParams& p, int req,
+                                                       int tile) {
+  if (req < 0 || req >= p.batch || tile < 0) return;
+  prefetch_l1(p.cache_seqlens + req);
+  const int64_t page = (int64_t(tile) * kSchedBlockN) >> p.page_shift;
+  if (page < p.max_pages_per_seq)
+    prefetch_l1(p.block_table + int64_t(req) * p.block_table_batch_stride + page);
+}
+
 template <class Tr, typename T>
 __device__ __forceinline__ bool begin_block(const MlaDecodeParams& p, int row0, int w,
                                             int workers) {
   const int tid = threadIdx.x;
   pdl_wait();
+  // Thread 0 loads the worker's first point beside the header words (one round trip for both;
+  // the row stays in L1 for collect_pieces), then requests the lookups that follow from it.
+  int32_t first_req = -1, first_tile = 0;
   if (tid == 0) {
-    // Touch the worker's metadata row now, in parallel with the header reads below: thread 0
-    // then finds it in L1 when it collects the pieces.
     const int32_t* wk = meta_worker(p.metadata, w);
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(wk));
+    first_req = wk[kWStartReq];
+    first_tile = wk[kWStartTile];
   }
-  if (!metadata_matches(p)) {
+  const bool matches = metadata_matches(p);
+  if (tid == 0) prefetch_first_lookups(p, first_req, first_tile);
+  if (!matches) {
     if (w == 0 && row0 == 0 && tid == 0)
       report_device_error(p.error_buffer, kDevErrMetadata, 0, p.metadata[kMetaMagicIdx]);
     write_empty_rows<Tr, T>(p, row0, w, workers);
