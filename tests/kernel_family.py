@@ -6,7 +6,8 @@ between calls switches the family. A module uses it with
 `pytestmark = [..., pytest.mark.usefixtures("kernel_family")]` after importing it.
 
 `kernel_family_8bit` adds a third run for the 8-bit tests: the sm_90a family with KF_SM90A_KV8=1,
-its 8-bit wgmma kernel (opt-in; the library reads the switch at every call too)."""
+its 8-bit wgmma kernel at every batch (without the switch it runs large batches only; the library
+reads the switch at every call too)."""
 
 from __future__ import annotations
 

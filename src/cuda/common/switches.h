@@ -33,11 +33,12 @@ inline bool switch_nvtx() {
   return on;
 }
 
-// KF_SM90A_KV8: the sm_90a family runs FP8 and INT8 caches with bf16 q on its 8-bit kernel
-// (mla_decode_sm90a_kv8.cuh) instead of the portable one. Off by default: on the H200 it is
-// faster from about 64 requests of 4096 tokens at h_q 16 and slower below
-// (docs/optimization/sm90a.md). Read at every call like KF_KERNEL_FAMILY, so a test process runs
-// both; the scheduler metadata must be made under the same setting as the decode that reads it.
+// KF_SM90A_KV8=1: the sm_90a family runs FP8 and INT8 caches with bf16 q on its 8-bit kernel
+// (mla_decode_sm90a_kv8.cuh) at every batch. Without it only large batches do
+// (sm90a_kv8_kernel_runs in decode_config_sm90a.h): on the H200 that kernel is faster from about
+// 64 requests of 4096 tokens at h_q 16 and slower below (docs/optimization/sm90a.md). Read at
+// every call like KF_KERNEL_FAMILY, so a test process runs both; the scheduler metadata must be
+// made under the same setting as the decode that reads it.
 inline bool switch_sm90a_kv8() { return detail::env_flag("KF_SM90A_KV8"); }
 
 // KF_KERNEL_FAMILY's value ("" when unset): "sm80" runs the portable family everywhere, "" or
