@@ -156,6 +156,25 @@ KF_API kf_status kf_cache_append(const DLTensor* kv, DLTensor* kv_cache, kf_kv_f
 KF_API kf_status kf_cache_convert(const DLTensor* src_cache, DLTensor* dst_cache,
                                   kf_kv_format dst_format, void* stream);
 
+/* ---- the skinny GEMM -------------------------------------------------------------------- */
+
+/* The fused layer's weight-streaming GEMM as an operation of its own: out[m, n] = x[m, k]
+ * weight[n, k]^T (a torch.nn.Linear weight, no bias), bf16 in and out, fp32 accumulation, for
+ * 1 <= m <= KF_LINEAR_MAX_ROWS rows (the batch of a decoding step) and k a multiple of 64;
+ * each tensor's rows contiguous, those of x and weight 16-byte aligned. The weight is read once at close to the
+ * memory's read bandwidth; the result may differ from a dense GEMM's in the last bf16 bit (the
+ * order of the fp32 sums), and a rerun gives the same bits. */
+
+#define KF_LINEAR_MAX_ROWS 128
+
+/* Bytes of workspace kf_linear needs for these sizes (0: none; then workspace may be NULL). The
+ * workspace (any dtype, compact, 256-byte aligned, on the tensors' device) holds split-K
+ * partials and arrival counters: zero-fill it once before its first use; every call leaves it
+ * zero again. One call at a time per workspace. */
+KF_API kf_status kf_linear_workspace_size(int m, int n, int k, size_t* bytes);
+KF_API kf_status kf_linear(const DLTensor* x, const DLTensor* weight, DLTensor* out,
+                           DLTensor* workspace, void* stream);
+
 /* ---- the fused decode layer ------------------------------------------------------------- */
 
 /* One decoding step of L MLA attention layers (DeepSeek-V2-Lite, V2, V3; docs/spec.md section 3)

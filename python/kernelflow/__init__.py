@@ -20,6 +20,7 @@ tests, the demo and the benchmarks check the library against.
 
 from . import _C
 from .layer import DecodeGraph, LayerConfig, layer_workspace_size
+from .linear import linear, linear_workspace_size, new_linear_workspace
 from .mla import (
     DEVERR_METADATA,
     DEVERR_PAGE_RANGE,
@@ -79,9 +80,12 @@ __all__ = [
     "get_mla_metadata",
     "has_cuda",
     "layer_workspace_size",
+    "linear",
+    "linear_workspace_size",
     "metadata_size",
     "mla_decode",
     "new_error_buffer",
+    "new_linear_workspace",
     "new_workspace",
     "version",
     "workspace_size",

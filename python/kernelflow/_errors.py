@@ -26,6 +26,8 @@ TERMS = {
     "kf_cache_convert": "convert_cache",
     "kf_cache_bytes_per_token": "cache_bytes_per_token",
     "kf_cache_bytes_per_page": "cache_bytes_per_page",
+    "kf_linear": "linear",
+    "kf_linear_workspace_size": "linear_workspace_size",
     # the operation names of CUDA errors
     "mla_metadata": "get_mla_metadata",
     "cache_convert": "convert_cache",

@@ -165,6 +165,19 @@ def empty_bytes(like, fw: str, nbytes: int, align: int = 256):
     return raw[offset : offset + nbytes]
 
 
+def zeros_bytes(like, fw: str, nbytes: int, align: int = 256):
+    """empty_bytes, zero-filled."""
+    raw = empty_bytes(like, fw, nbytes, align)
+    if fw == TORCH:
+        raw.zero_()
+    elif fw == CUPY:
+        with like.device:
+            raw.fill(0)
+    else:
+        raw[:] = 0
+    return raw
+
+
 def error_buffer(like, fw: str):
     """A fresh device error buffer int32[4] = [0, -1, 0, 0] next to `like`."""
     init = np.array([0, -1, 0, 0], dtype=np.int32)

@@ -148,6 +148,26 @@ void cache_convert(nb::handle src, nb::handle dst, int kv_format, uintptr_t stre
   check(st, "kf_cache_convert");
 }
 
+size_t linear_workspace_size(int m, int n, int k) {
+  size_t bytes = 0;
+  check(kf_linear_workspace_size(m, n, k, &bytes), "kf_linear_workspace_size");
+  return bytes;
+}
+
+void linear(nb::handle x, nb::handle weight, nb::handle out, nb::handle workspace,
+            uintptr_t stream) {
+  Tensor x_t = as_input(x, "x");
+  Tensor w_t = as_input(weight, "weight");
+  Tensor out_t = as_output(out, "out");
+  Tensor ws_t = as_output(workspace, "workspace", /*optional=*/true);
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = kf_linear(x_t.in(), w_t.in(), out_t.out(), ws_t.out(), as_stream(stream));
+  }
+  check(st, "kf_linear");
+}
+
 int cuda_device_count() {
   nb::gil_scoped_release unlocked;  // the first call initializes the CUDA driver
   return kf_cuda_device_count();
@@ -310,6 +330,10 @@ NB_MODULE(_C, m) {
         nb::arg("slot_mapping"), nb::arg("error_buffer").none() = nb::none(),
         nb::arg("stream") = 0);
   m.def("cache_convert", &cache_convert, nb::arg("src"), nb::arg("dst"), nb::arg("kv_format"),
+        nb::arg("stream") = 0);
+  m.def("linear_workspace_size", &linear_workspace_size, nb::arg("m"), nb::arg("n"), nb::arg("k"));
+  m.def("linear", &linear, nb::arg("x"), nb::arg("weight"), nb::arg("out"),
+        nb::arg("workspace").none() = nb::none(),
         nb::arg("stream") = 0);
   // Private: kernelflow.DecodeGraph wraps it.
   nb::class_<LayerGraph>(m, "_LayerGraph")

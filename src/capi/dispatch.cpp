@@ -236,6 +236,9 @@ kf_status run_convert(const Device& dev, const CacheConvertParams& p,
   return run_op(dev, "cache_convert", cpu::cache_convert, p,
                 KF_CUDA_LAUNCHER(launch_cache_convert));
 }
+kf_status run_linear(const Device& dev, const LinearParams& p, [[maybe_unused]] void* stream) {
+  return run_op(dev, "linear", cpu::linear, p, KF_CUDA_LAUNCHER(launch_linear));
+}
 #undef KF_CUDA_LAUNCHER
 
 kf_status run_layer_graph_create(const Device& dev, const LayerGraphParams& p, kf_layer_graph* g) {

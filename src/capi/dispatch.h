@@ -37,6 +37,7 @@ kf_status run_metadata(const Device& dev, const MlaMetadataParams& p, void* stre
 kf_status run_decode(const Device& dev, const MlaDecodeParams& p, void* stream);
 kf_status run_append(const Device& dev, const CacheAppendParams& p, void* stream);
 kf_status run_convert(const Device& dev, const CacheConvertParams& p, void* stream);
+kf_status run_linear(const Device& dev, const LinearParams& p, void* stream);
 
 // The fused decode layer's graph (the kf_layer_graph below) on its device: built from validated
 // params (the CPU backend keeps a copy of them and runs the layers in fp32 at each launch; a CUDA

@@ -22,6 +22,16 @@ namespace kf {
 constexpr int kLayerGemmTileN = 64;
 constexpr int kLayerGemmTileK = 64;
 constexpr int kLayerGemmBlocks = 264;
+constexpr int kGemmMaxM = 128;  // rows of X (the batch)
+// W[n][k] GEMMs of at most kGemmNarrowMaxM rows and kGemmNarrowMaxK k run the narrow kernel
+// (src/cuda/layer/skinny_gemm_narrow.cuh): 16 columns per block over all of K, no split. A block
+// streams its column slab at the rate its few stages in flight allow, so a long K (V3's hidden
+// 7168 and W_o's 16384) takes the wide kernel, whose split-K keeps every block's share short.
+// Every narrow block also reads all of X (M x K) from L2: at 32 rows that costs less than the
+// wide kernel's split sums, at 64 rows (256 KB per block at K 2048) more
+// (docs/optimization/layer.md, step layer-gemm-narrow-32).
+constexpr int kGemmNarrowMaxM = 32;
+constexpr int kGemmNarrowMaxK = 2048;
 
 // Splits of K for a launch of `tiles` output tiles over k (a multiple of kLayerGemmTileK) for
 // m rows: floor(kLayerGemmBlocks / tiles), at least two stages of K per split, and at most
@@ -85,6 +95,28 @@ inline LayerWorkspace layer_workspace_layout(const LayerDims& d, int batch, int 
   w.gemm_scratch = take(layer_gemm_scratch_floats(d, batch) * sizeof(float));
   w.gemm_counters = take(size_t(kLayerGemmBlocks / 2) * sizeof(int32_t));
   w.total = at;
+  return w;
+}
+
+// The stand-alone GEMM (kf_linear, y[m, n] = x[m, k] W[n, k]^T): the wide kernel's split-K
+// partials and arrival counters in the caller's workspace, needed only where the launch splits K
+// (the narrow kernel never does). Device-independent: on sm_90 the splits are added within
+// thread-block clusters and the workspace goes unused, but the size is the same everywhere.
+struct LinearWorkspace {
+  size_t scratch;   // fp32 [kLayerGemmBlocks][kLayerGemmTileN][m]
+  size_t counters;  // int32 [kLayerGemmBlocks / 2], zero between launches
+  size_t total;     // 0: no workspace
+};
+
+inline LinearWorkspace linear_workspace_layout(int m, int n, int k) {
+  LinearWorkspace w{};
+  const bool narrow = m <= kGemmNarrowMaxM && k <= kGemmNarrowMaxK;
+  const int64_t tiles = (int64_t(n) + kLayerGemmTileN - 1) / kLayerGemmTileN;
+  if (narrow || m < 1 || k < kLayerGemmTileK || layer_gemm_splits(tiles, k, m) == 1) return w;
+  const size_t scratch = size_t(kLayerGemmBlocks) * kLayerGemmTileN * size_t(m) * sizeof(float);
+  w.scratch = 0;
+  w.counters = (scratch + 255) / 256 * 256;
+  w.total = w.counters + size_t(kLayerGemmBlocks / 2) * sizeof(int32_t);
   return w;
 }
 

@@ -91,6 +91,21 @@ struct CacheConvertParams {
   int64_t dst_page_stride;
 };
 
+// y[m, n] = x[m, k] W[n, k]^T (kf_linear): bf16 in and out, fp32 accumulation; strides are
+// the row strides in elements. scratch and counters: the workspace (core/layer_workspace.h,
+// linear_workspace_layout), null when its size is 0.
+struct LinearParams {
+  int m, n, k;
+  const uint16_t* x;
+  int64_t ldx;
+  const uint16_t* w;
+  int64_t ldw;
+  uint16_t* y;
+  int64_t ldy;
+  float* scratch;
+  int32_t* counters;
+};
+
 // Workspace layout: o_accum then lse_accum, each 256-byte aligned. Sized for the most pieces a
 // batch can be split into, so one allocation serves every step of a captured graph.
 inline int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }

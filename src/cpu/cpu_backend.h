@@ -12,5 +12,7 @@ void mla_decode(const MlaDecodeParams& p);
 void cache_append(const CacheAppendParams& p);
 // Every slot of a 16-bit cache quantized into the 8-bit cache of the same geometry.
 void cache_convert(const CacheConvertParams& p);
+// y = x W^T: each output the fp32 sum over k in order, rounded to bf16 once.
+void linear(const LinearParams& p);
 
 }  // namespace kf::cpu

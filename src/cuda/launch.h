@@ -37,5 +37,7 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_cache_append(const CacheAppendParams& p, cudaStream_t stream);
 // Every slot of a 16-bit cache quantized into an 8-bit cache (the append's bytes).
 cudaError_t launch_cache_convert(const CacheConvertParams& p, cudaStream_t stream);
+// y = x W^T by the fused layer's skinny GEMM (src/cuda/layer/skinny_gemm.cu).
+cudaError_t launch_linear(const LinearParams& p, cudaStream_t stream);
 
 }  // namespace kf::cuda

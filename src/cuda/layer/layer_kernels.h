@@ -14,16 +14,8 @@
 
 namespace kf::cuda {
 
-constexpr int kGemmMaxM = 128;  // rows of X (the batch)
-// W[n][k] GEMMs of at most kGemmNarrowMaxM rows and kGemmNarrowMaxK k run the narrow kernel
-// (skinny_gemm_narrow.cuh): 16 columns per block over all of K, no split. A block streams its
-// column slab at the rate its few stages in flight allow, so a long K (V3's hidden 7168 and W_o's
-// 16384) takes the wide kernel, whose split-K keeps every block's share short. Every narrow block
-// also reads all of X (M x K) from L2: at 32 rows that costs less than the wide kernel's split
-// sums, at 64 rows (256 KB per block at K 2048) more (docs/optimization/layer.md, step
-// layer-gemm-narrow-32).
-constexpr int kGemmNarrowMaxM = 32;
-constexpr int kGemmNarrowMaxK = 2048;
+// kGemmMaxM, kGemmNarrowMaxM and kGemmNarrowMaxK: core/layer_workspace.h (the workspace size
+// queries read them too).
 constexpr int kGemmNarrowTileN = 16;
 
 // How a GEMM's weight is stored: W[n][k] (a torch.nn.Linear weight: y = x W^T) or W[k][n]

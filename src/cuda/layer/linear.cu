@@ -1,0 +1,27 @@
+// kf_linear on the GPU: one job of the fused layer's skinny GEMM (skinny_gemm.cu picks the
+// narrow or the wide kernel and the split), with the caller's workspace as its split scratch.
+#include "cuda/launch.h"
+#include "cuda/layer/layer_kernels.h"
+
+namespace kf::cuda {
+
+cudaError_t launch_linear(const LinearParams& p, cudaStream_t stream) {
+  GemmLaunch g{};
+  GemmJob& j = g.job[0];
+  j.w = p.w;
+  j.ldw = p.ldw;
+  j.x = p.x;
+  j.ldx = p.ldx;
+  j.y = p.y;
+  j.ldy = p.ldy;
+  j.n_cols = p.n;
+  j.num_z = 1;
+  g.num_jobs = 1;
+  g.m = p.m;
+  g.k = p.k;
+  g.scratch = p.scratch;
+  g.counters = p.counters;
+  return launch_skinny_gemm(g, WeightLayout::kNK, stream);
+}
+
+}  // namespace kf::cuda
