@@ -97,7 +97,8 @@ class SyntheticSections:
                          "fused": {f: {"us": (floor16 if f == "bf16" else floor8) / 0.8,
                                        "nodes_per_layer": 7.04} for f in cli.FORMATS}})
         v3 = [{"model": "v3", "b": 64, "layers": 4, "floor_us": 100.0, "fused": {"us": 125.0}}]
-        gemm = [{"projection": "w_o", "b": 64, "torch_us": 5.0, "torch_frac_read_peak": 0.5}]
+        gemm = [{"projection": "w_o", "b": 64, "torch_us": 5.0, "torch_frac_read_peak": 0.5,
+                 "kf_us": 2.5, "kf_frac_read_peak": 1.0}]
         return {"rows": rows, "gemm_rows": gemm, "v3_rows": v3, "failures": 0}
 
 
@@ -192,7 +193,8 @@ def test_printed_figures_carry_the_fraction_of_the_bounding_peak(tmp_path, capsy
     layer = next(ln for ln in text.splitlines() if ln.startswith("| 64 |"))
     assert "(80% read)" in layer  # fused: floor / time
     assert "V3 shape (4 layers), b 64: fused bf16 125.0 us per layer (80% read)" in text
-    assert "torch.matmul alone, us per GEMM (% read): w_o b 64 5.00 (50%)" in text
+    assert ("GEMM alone, us per GEMM (% read), torch.matmul / kernelflow.linear: w_o b 64 5.00 "
+            "(50%) / 2.50 (100%)") in text
     assert "Synthetic GPU" in text and rec["command"] in text
 
 

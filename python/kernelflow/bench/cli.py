@@ -468,9 +468,11 @@ def layer_table(record: dict) -> list:
                          f"{row['floor_us']:.1f}")
     gemms = [g for g in record["layer"].get("gemm_rows") or [] if "torch_us" in g]
     if gemms:
-        lines.append("torch.matmul alone, us per GEMM (% read): " + ", ".join(
-            f"{g['projection']} b {g['b']} {g['torch_us']:.2f} "
-            f"({100 * g['torch_frac_read_peak']:.0f}%)" for g in gemms))
+        lines.append("GEMM alone, us per GEMM (% read), torch.matmul / kernelflow.linear: " +
+                     ", ".join(f"{g['projection']} b {g['b']} {g['torch_us']:.2f} "
+                               f"({100 * g['torch_frac_read_peak']:.0f}%) / " +
+                               (f"{g['kf_us']:.2f} ({100 * g['kf_frac_read_peak']:.0f}%)"
+                                if "kf_us" in g else "-") for g in gemms))
     return lines
 
 

@@ -8,7 +8,9 @@
 // runs on). The combine is launched as a dependent of the decode where a request has many
 // pieces and plainly otherwise (mla_combine.cu's launch says why). The fused layer's GEMMs are
 // the exception: their dependents may launch once each block has
-// requested its first weights (skinny_gemm.cuh), so the next GEMM's weights stream meanwhile;
+// requested its first weights (skinny_gemm.cuh), so the next GEMM's weights stream meanwhile
+// (and they read their constant weights before they wait, so kf_linear, whose weight the
+// previous kernel may have written, launches them in plain stream order);
 // so may the layer's combine (MlaDecodeParams::combine_early_dependents), whose dependent is a
 // GEMM.
 // A kernel launched without the attribute, or before sm_90, behaves as in plain stream order.
@@ -56,11 +58,12 @@ inline bool device_is_sm90_or_newer() {
 inline bool device_has_pdl() { return !switch_disable_pdl() && device_is_sm90_or_newer(); }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's
-// previous kernel where the device has it; with cluster_x > 0 in thread-block clusters of
-// cluster_x consecutive blocks along x (sm_90+, grid.x a multiple of it: cluster.cuh).
+// previous kernel where `programmatic` (and the device has it), else in plain stream order; with
+// cluster_x > 0 in thread-block clusters of cluster_x consecutive blocks along x (sm_90+, grid.x
+// a multiple of it: cluster.cuh).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, int cluster_x, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, int cluster_x, bool programmatic, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -75,7 +78,7 @@ cudaError_t launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, si
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (device_has_pdl()) {
+  if (programmatic && device_has_pdl()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -83,6 +86,14 @@ cudaError_t launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, si
   cfg.attrs = attr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// As a programmatic dependent of the stream's previous kernel where the device has it.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, int cluster_x, Args&&... args) {
+  return launch_kernel(kernel, grid, block, smem, stream, cluster_x, true,
+                       std::forward<Args>(args)...);
 }
 
 // The same without clusters.

@@ -51,6 +51,11 @@ struct GemmLaunch {
   // Add the splits through scratch and counters even where the device has clusters (the
   // stand-alone wide launch adds them within a cluster there): for the tests of that path.
   bool global_reduce;
+  // Launch in plain stream order instead of as a programmatic dependent: the kernels request
+  // their first weight stages before they wait for the previous kernel, which is right for the
+  // layer's constant weights but not where the previous kernel may have written the weight
+  // (kf_linear, a stand-alone call in a caller's stream).
+  bool stream_order;
   // Filled by plan_gemm.
   int tiles, splits;
   bool narrow;  // the narrow kernel (then splits == 1)

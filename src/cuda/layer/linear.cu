@@ -1,5 +1,6 @@
 // kf_linear on the GPU: one job of the fused layer's skinny GEMM (skinny_gemm.cu picks the
-// narrow or the wide kernel and the split), with the caller's workspace as its split scratch.
+// narrow or the wide kernel and the split), with the caller's workspace as its split scratch,
+// launched in plain stream order (GemmLaunch::stream_order says why).
 #include "cuda/launch.h"
 #include "cuda/layer/layer_kernels.h"
 
@@ -21,6 +22,7 @@ cudaError_t launch_linear(const LinearParams& p, cudaStream_t stream) {
   g.k = p.k;
   g.scratch = p.scratch;
   g.counters = p.counters;
+  g.stream_order = true;  // the previous kernel in the caller's stream may write the weight
   return launch_skinny_gemm(g, WeightLayout::kNK, stream);
 }
 

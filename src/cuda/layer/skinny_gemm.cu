@@ -49,7 +49,8 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
   auto run = [&](auto kernel, int smem) {
     const cudaError_t err = allow_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    return launch_pdl(kernel, dim3(g.tiles), dim3(kGemmThreads), smem, stream, g);
+    return launch_kernel(kernel, dim3(g.tiles), dim3(kGemmThreads), smem, stream, 0,
+                         !g.stream_order, g);
   };
   if (g.m <= 8) return run(skinny_gemm_narrow_kernel<1>, NarrowShape<1>::kSmemBytes);
   if (g.m <= 16) return run(skinny_gemm_narrow_kernel<2>, NarrowShape<2>::kSmemBytes);
@@ -68,8 +69,8 @@ cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
     auto kernel = cluster ? skinny_gemm_cluster_kernel<MT, L> : skinny_gemm_kernel<MT, L>;
     const cudaError_t err = allow_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    return launch_dependent(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads), smem, stream,
-                            cluster ? g.splits : 0, g);
+    return launch_kernel(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads), smem, stream,
+                         cluster ? g.splits : 0, !g.stream_order, g);
   });
 }
 
