@@ -60,18 +60,14 @@ void expect_matches_reference(LinearProblem& p, const char* what) {
   EXPECT_EQ(bad, 0) << what;
 }
 
-kf_status run(LinearProblem& p, DLTensor* x, DLTensor* w, DLTensor* y, DLTensor* ws) {
-  (void)p;
-  return kf_linear(x, w, y, ws, nullptr);
-}
-
 TEST(LinearCpu, MatchesFloat64Reference) {
   auto rng = test_rng();
   for (auto [m, n, k] : {std::tuple{1, 1, 64}, {3, 300, 128}, {8, 577, 2048}, {33, 64, 512},
                          {128, 40, 192}}) {
     for (bool padded : {false, true}) {
       LinearProblem p = make_problem(m, n, k, padded, rng);
-      ASSERT_EQ(run(p, p.x.dl(), p.w.dl(), p.y.dl(), p.ws.dl()), KF_SUCCESS) << kf_last_error();
+      ASSERT_EQ(kf_linear(p.x.dl(), p.w.dl(), p.y.dl(), p.ws.dl(), nullptr), KF_SUCCESS)
+          << kf_last_error();
       expect_matches_reference(p, padded ? "cpu, padded rows" : "cpu");
       // The padding of out's rows is left alone (row 0's lies inside the tensor when m > 1).
       if (padded && m > 1) EXPECT_EQ(p.y.ptr<uint16_t>()[p.n], 0x7fc0);
@@ -117,7 +113,6 @@ class LinearErrors : public ::testing::TestWithParam<LinearErrorCase> {};
 TEST_P(LinearErrors, NamesTheArgument) {
   auto rng = test_rng();
   LinearProblem p = make_problem(64, 256, 2048, false, rng);  // splits: needs a workspace
-  static HostTensor other;  // a tensor the cases point at, kept alive for the call
   DLTensor *x = p.x.dl(), *w = p.w.dl(), *y = p.y.dl(), *ws = p.ws.dl();
   ASSERT_EQ(kf_linear(x, w, y, ws, nullptr), KF_SUCCESS) << kf_last_error();
   p.y.fill<uint16_t>(0x7fc0);
@@ -129,6 +124,7 @@ TEST_P(LinearErrors, NamesTheArgument) {
   EXPECT_EQ(p.y.snapshot(), before) << "out written by a failed call";
 }
 
+// A tensor a broken case points the call at, kept alive to the end of the process.
 HostTensor& keep(HostTensor t) {
   static std::vector<std::unique_ptr<HostTensor>> kept;
   kept.push_back(std::make_unique<HostTensor>(std::move(t)));
