@@ -162,6 +162,10 @@ def test_opcheck_every_op(device):
         (ops.convert_cache, (cache, "fp8_e4m3")),
         (ops.convert_cache, (cache, "int8")),
     ]
+    x = torch.randn(64, 2048, device=device).bfloat16()
+    w = torch.randn(96, 2048, device=device).bfloat16()
+    cases += [(ops.linear, (x[:8], w, None)),  # the narrow kernel: no workspace
+              (ops.linear, (x, w, kf.new_linear_workspace(x, w)))]  # split k
     for op, args in cases:
         torch.library.opcheck(op, args)
 
@@ -266,3 +270,31 @@ def test_import_kernelflow_leaves_torch_alone():
     code = ("import sys, kernelflow; assert 'torch' not in sys.modules; "
             "import kernelflow.torch_ops; assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_op_same_bits_eager_and_compiled(device):
+    """kernelflow::linear gives kernelflow.linear's bits eagerly and under torch.compile
+    (fullgraph), its workspace left zero, and its fake the real output's shape and dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 1024, generator=gen).bfloat16().to(device)
+    w = torch.randn(80, 1024, generator=gen).bfloat16().to(device)
+    ws = kf.new_linear_workspace(x, w)
+    want = kf.linear(x, w)
+    assert bits_equal(kft.linear(x, w), want) and bits_equal(kft.linear(x, w, ws), want)
+    assert int(ws.count_nonzero()) == 0
+
+    def project(a, b, workspace):
+        return kft.linear(a, b, workspace) * 2
+
+    compiled = torch.compile(project, fullgraph=True, backend="aot_eager")
+    assert bits_equal(compiled(x, w, ws), want * 2)
+    assert int(ws.count_nonzero()) == 0
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake = kft.linear(mode.from_tensor(x), mode.from_tensor(w))
+    assert (fake.shape, fake.dtype, fake.device) == (want.shape, want.dtype, want.device)
+    with pytest.raises(ValueError, match=r"x: expected shape \[m, k\], got \(64, 1024, 1\)"):
+        kft.linear(x[..., None], w)

@@ -20,7 +20,7 @@ tests, the demo and the benchmarks check the library against.
 
 from . import _C
 from .layer import DecodeGraph, LayerConfig, layer_workspace_size
-from .linear import linear, linear_workspace_size, new_linear_workspace
+from ._linear import linear, linear_workspace_size, new_linear_workspace
 from .mla import (
     DEVERR_METADATA,
     DEVERR_PAGE_RANGE,

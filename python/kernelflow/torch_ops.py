@@ -8,10 +8,12 @@ torch.compile without graph breaks and capturable in CUDA graphs.
                               softmax_scale=0.114721)
 
     kft.launch_layer_graph(graph)   # a kernelflow.DecodeGraph made from torch tensors
+    y = kft.linear(x, weight)       # x @ weight.T, the layer's weight-streaming GEMM
 
 The same ops are reachable as torch.ops.kernelflow.<name>. Each one is defined through
 torch.library with a schema that names what it mutates (cache_append writes kv_cache;
-mla_decode_out writes out and lse; a workspace passed to a decode is scratch it writes;
+mla_decode_out writes out and lse; a workspace passed to a decode is scratch it writes, as is
+linear's, which it leaves zero;
 launch_layer_graph writes the graph's output, caches and error buffer) and a fake implementation
 that gives the exact output shapes and dtypes without touching data, so torch.compile traces
 through them. The CPU and CUDA implementations are registered with the dispatcher directly and
@@ -32,6 +34,7 @@ from torch import Tensor
 
 from . import _C
 from . import _frameworks as _fw
+from . import _linear
 from . import layer as _layer
 from . import mla as _mla
 from ._workspace_cache import WORKSPACE_ALIGN as _WORKSPACE_ALIGN
@@ -42,6 +45,7 @@ __all__ = [
     "convert_cache",
     "get_mla_metadata",
     "launch_layer_graph",
+    "linear",
     "mla_decode",
     "mla_decode_out",
     "release_workspaces",
@@ -373,6 +377,39 @@ _CONVERT = _define("convert_cache(Tensor src, str kv_format) -> Tensor", _conver
 def convert_cache(src: Tensor, kv_format: str = "fp8_e4m3") -> Tensor:
     """kernelflow.convert_cache as a custom op: a new uint8 [num_pages, page_size, 644] cache."""
     return _CONVERT(src, kv_format)
+
+
+# --- the skinny GEMM ---------------------------------------------------------------------------
+
+def _linear_shape(x: Tensor, weight: Tensor):
+    if x.dim() != 2:
+        raise ValueError(f"x: expected shape [m, k], got {tuple(x.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected shape [n, k], got {tuple(weight.shape)}")
+    return (x.shape[0], weight.shape[0])
+
+
+def _linear_kernel(x, weight, workspace):
+    out = x.new_empty(_linear_shape(x, weight))
+    # A misaligned copy of the caller's workspace (see _scratch): a fresh zero-filled one.
+    _linear.linear(x, weight, out=out, workspace=_scratch(workspace))
+    _written(workspace)
+    return out
+
+
+def _linear_fake(x, weight, workspace):
+    return x.new_empty(_linear_shape(x, weight))
+
+
+_LINEAR = _define("linear(Tensor x, Tensor weight, Tensor(a!)? workspace) -> Tensor",
+                  _linear_kernel, _linear_fake)
+
+
+def linear(x: Tensor, weight: Tensor, workspace: Optional[Tensor] = None) -> Tensor:
+    """kernelflow.linear as a custom op: x [m, k] @ weight[n, k].T, bf16, into a new tensor.
+    workspace: kernelflow.new_linear_workspace(x, weight) (zero-filled; every call leaves it
+    zero), or None for a fresh zero-filled one per call where the sizes need one."""
+    return _LINEAR(x, weight, workspace)
 
 
 # --- the layer graph ----------------------------------------------------------------------------
