@@ -33,6 +33,10 @@ constexpr int kGemmMaxM = 128;  // rows of X (the batch)
 constexpr int kGemmNarrowMaxM = 32;
 constexpr int kGemmNarrowMaxK = 2048;
 
+// Whether a GEMM of a W[n][k] weight over m rows runs the narrow kernel (the launch plan and the
+// stand-alone GEMM's workspace size both ask).
+inline bool gemm_runs_narrow(int m, int k) { return m <= kGemmNarrowMaxM && k <= kGemmNarrowMaxK; }
+
 // Splits of K for a launch of `tiles` output tiles over k (a multiple of kLayerGemmTileK) for
 // m rows: floor(kLayerGemmBlocks / tiles), at least two stages of K per split, and at most
 // k / (2 m) so that the fp32 partials (splits x m x 4 bytes per column) move no more bytes than
@@ -109,12 +113,12 @@ struct LinearWorkspace {
 };
 
 inline LinearWorkspace linear_workspace_layout(int m, int n, int k) {
-  LinearWorkspace w{};
-  const bool narrow = m <= kGemmNarrowMaxM && k <= kGemmNarrowMaxK;
+  LinearWorkspace w{};  // scratch at offset 0
   const int64_t tiles = (int64_t(n) + kLayerGemmTileN - 1) / kLayerGemmTileN;
-  if (narrow || m < 1 || k < kLayerGemmTileK || layer_gemm_splits(tiles, k, m) == 1) return w;
+  if (gemm_runs_narrow(m, k) || m < 1 || k < kLayerGemmTileK ||
+      layer_gemm_splits(tiles, k, m) == 1)
+    return w;
   const size_t scratch = size_t(kLayerGemmBlocks) * kLayerGemmTileN * size_t(m) * sizeof(float);
-  w.scratch = 0;
   w.counters = (scratch + 255) / 256 * 256;
   w.total = w.counters + size_t(kLayerGemmBlocks / 2) * sizeof(int32_t);
   return w;

@@ -80,7 +80,7 @@ bool plan_gemm(GemmLaunch& g, WeightLayout layout) {
   if (g.m < 1 || g.m > kGemmMaxM || g.k < kLayerGemmTileK || g.k % kLayerGemmTileK != 0 ||
       g.num_jobs < 1 || g.num_jobs > 2)
     return false;
-  g.narrow = layout == WeightLayout::kNK && g.m <= kGemmNarrowMaxM && g.k <= kGemmNarrowMaxK;
+  g.narrow = layout == WeightLayout::kNK && gemm_runs_narrow(g.m, g.k);
   const int tile_n = g.narrow ? kGemmNarrowTileN : kLayerGemmTileN;
   int64_t tiles = 0;
   for (int j = 0; j < g.num_jobs; ++j) {
