@@ -3,8 +3,8 @@
     out = kernelflow.linear(x, weight)        # out[m, n] = x[m, k] @ weight[n, k].T
 
 bf16 in and out, fp32 accumulation, for 1..128 rows of x (a decoding step's batch) and k a
-multiple of 64, each array's rows contiguous (those of x and weight 16-byte aligned); weight is a torch.nn.Linear
-weight (no bias). The weight is read once at close to the memory's read bandwidth, which is
+multiple of 64, each array's rows contiguous (those of x and weight 16-byte aligned); weight is
+a torch.nn.Linear weight (no bias). The weight is read once at close to the memory's read bandwidth, which is
 what a projection of a decoding step waits for. A rerun gives the same bits; against a dense
 GEMM the result may differ in the last bf16 bit (the order of the fp32 sums).
 """
@@ -14,9 +14,6 @@ from __future__ import annotations
 from . import _C
 from . import _frameworks as fw
 from ._errors import call
-
-MAX_ROWS = 128
-
 
 def linear_workspace_size(m: int, n: int, k: int) -> int:
     """Bytes of workspace linear needs for x [m, k] and weight [n, k] (0: none)."""
@@ -30,17 +27,18 @@ def new_linear_workspace(x, weight):
     streams) need one each."""
     home = fw.framework(x, "x")
     fw.check_home(x, home, "x")
-    m, k, n = _sizes(x, weight)
+    m, k, n = sizes(x, weight)
     nbytes = linear_workspace_size(m, n, k)
     return fw.zeros_bytes(x, home, nbytes) if nbytes else None
 
 
-def _sizes(x, weight) -> tuple[int, int, int]:
+def sizes(x, weight) -> tuple[int, int, int]:
+    """(m, k, n) of x [m, k] and weight [n, k]; ValueError naming the array of another rank."""
     if len(x.shape) != 2:
         raise ValueError(f"x: expected shape [m, k], got {tuple(x.shape)}")
     if len(weight.shape) != 2:
         raise ValueError(f"weight: expected shape [n, k], got {tuple(weight.shape)}")
-    return int(x.shape[0]), int(x.shape[1]), int(weight.shape[0])
+    return x.shape[0], x.shape[1], weight.shape[0]  # as given: symbolic under torch.compile
 
 
 def linear(x, weight, out=None, workspace=None, stream=None):
@@ -51,7 +49,7 @@ def linear(x, weight, out=None, workspace=None, stream=None):
     the current stream. Returns out."""
     home = fw.framework(x, "x")
     fw.framework(weight, "weight")
-    m, k, n = _sizes(x, weight)
+    m, k, n = sizes(x, weight)
     if out is None:
         fw.check_home(x, home, "x")
         out = fw.empty(x, home, (m, n))

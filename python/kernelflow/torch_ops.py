@@ -382,11 +382,8 @@ def convert_cache(src: Tensor, kv_format: str = "fp8_e4m3") -> Tensor:
 # --- the skinny GEMM ---------------------------------------------------------------------------
 
 def _linear_shape(x: Tensor, weight: Tensor):
-    if x.dim() != 2:
-        raise ValueError(f"x: expected shape [m, k], got {tuple(x.shape)}")
-    if weight.dim() != 2:
-        raise ValueError(f"weight: expected shape [n, k], got {tuple(weight.shape)}")
-    return (x.shape[0], weight.shape[0])
+    m, _, n = _linear.sizes(x, weight)
+    return (m, n)
 
 
 def _linear_kernel(x, weight, workspace):
