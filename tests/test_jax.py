@@ -535,3 +535,35 @@ def test_gpu_error_buffer_flags_under_jit(rng):
     assert np.isfinite(np.asarray(out[0], np.float32)).all(), "the masked request stays finite"
     with pytest.raises(ValueError, match=r"block_table entry in use outside"):
         kfj.check_errors(err_decode)
+
+
+# ---- the skinny GEMM ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,n,k", [(8, 300, 2048), (64, 96, 1024)])  # narrow; split k (workspace)
+def test_linear_jit_bits_equal_eager(rng, m, n, k):
+    x = rng.standard_normal((m, k)).astype(BF16)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(BF16)
+    want = kf.linear(x, w)
+    got = jax.jit(kfj.linear)(*put(x, w))
+    assert got.shape == (m, n) and got.dtype == jnp.bfloat16
+    assert bits(got) == bits(want)
+    with pytest.raises(Exception, match=r"x\.shape\[1\] \(k\): expected a multiple of 64"):
+        kfj.linear(*put(x[:, :100], w[:, :100]))
+    with pytest.raises(ValueError, match=r"x: expected shape \[m, k\]"):
+        kfj.linear(*put(x[None], w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(8, 300, 2048), (64, 2048, 2048)])
+def test_linear_gpu_jit_equals_eager_gpu(rng, m, n, k):
+    import torch
+
+    gpu = jax.devices("gpu")[0]
+    x = rng.standard_normal((m, k)).astype(BF16)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(BF16)
+    want = kf.linear(torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda(),
+                     torch.from_numpy(w.view(np.int16)).view(torch.bfloat16).cuda())
+    run = jax.jit(kfj.linear)
+    for _ in range(2):
+        got = run(*put(x, w, device=gpu))
+        assert bits(got) == bits(want.cpu().view(torch.int16).numpy().view(BF16))

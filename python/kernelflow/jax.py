@@ -42,6 +42,7 @@ import numpy as np
 
 from . import _C
 from . import _frameworks as fw
+from . import _linear
 from . import mla as _mla
 
 try:
@@ -62,6 +63,7 @@ __all__ = [
     "convert_cache",
     "cuda_call_counts",
     "get_mla_metadata",
+    "linear",
     "mla_decode",
     "new_error_buffer",
 ]
@@ -288,6 +290,28 @@ def convert_cache(src, kv_format: str = "fp8_e4m3"):
     (dst,) = _ffi("kernelflow_cache_convert", [jax.ShapeDtypeStruct(shape, jnp.uint8)], [src],
                   None, {}, kv_format=np.int32(_format(kv_format, None)))
     return dst
+
+
+def linear(x, weight):
+    """kernelflow.linear under jax.jit: x [m, k] @ weight[n, k].T (bfloat16, fp32 accumulation;
+    1 to 128 rows, k a multiple of 64). The workspace the sizes need is an XLA-owned result,
+    zero-filled by the call."""
+    x = _array(x, "x")
+    weight = _array(weight, "weight")
+    _expect_dtype(x, "x", ("bfloat16",))
+    _expect_dtype(weight, "weight", ("bfloat16",))
+    if x.ndim != 2:
+        raise ValueError(f"x: expected shape [m, k], got {tuple(x.shape)}")
+    if weight.ndim != 2:
+        raise ValueError(f"weight: expected shape [n, k], got {tuple(weight.shape)}")
+    (m, k), n = x.shape, weight.shape[0]
+    try:
+        nbytes = _linear.linear_workspace_size(m, n, k)
+    except ValueError:
+        nbytes = 0  # sizes the call rejects, naming the array they came from
+    results = [jax.ShapeDtypeStruct((m, n), x.dtype),
+               jax.ShapeDtypeStruct((nbytes + _WORKSPACE_SLACK,), jnp.uint8)]
+    return _ffi("kernelflow_linear", results, [x, weight], None, {})[0]
 
 
 # ---- the device error buffer ---------------------------------------------------------------

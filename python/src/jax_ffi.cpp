@@ -15,6 +15,7 @@
 //                              -> out, lse, workspace; attrs softmax_scale, kv_format
 //   kernelflow_cache_append    kv, kv_cache, slot_mapping -> kv_cache (aliased); attr kv_format
 //   kernelflow_cache_convert   src -> dst; attr kv_format
+//   kernelflow_linear          x, weight -> out, workspace (zero-filled here before the call)
 // and the *_checked variants of decode and append, which take an int32[4] error buffer as their
 // last argument and return it (aliased) as their last result.
 #include <kernelflow/kernelflow.h>
@@ -120,6 +121,20 @@ ffi::Error convert(Place place, ffi::AnyBuffer src, ffi::Result<ffi::AnyBuffer> 
                "convert_cache");
 }
 
+// The workspace is an XLA-owned result, so it starts uninitialized: zero-filled on the stream
+// first (kf_linear's rule), a memset XLA may record into a command buffer with the kernels.
+ffi::Error linear(Place place, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace) {
+  View x_v, w_v, out_v, ws_v;
+  if (auto e = x_v.wrap(x, place, "x"); e.failure()) return e;
+  if (auto e = w_v.wrap(weight, place, "weight"); e.failure()) return e;
+  if (auto e = out_v.wrap(*out, place, "out"); e.failure()) return e;
+  if (auto e = ws_v.wrap_aligned_bytes(*workspace, place, "workspace"); e.failure()) return e;
+  if (!kf::jax_ffi::zero_bytes(ws_v.dl.data, size_t(ws_v.dl.shape[0]), place))
+    return ffi::Error::Internal("kernelflow.jax: zero-filling linear's workspace failed");
+  return check(kf_linear(&x_v.dl, &w_v.dl, &out_v.dl, &ws_v.dl, place.stream), "linear");
+}
+
 // The error-buffer argument of a *_checked target: the library writes into its aliased result,
 // which starts from the argument's contents.
 ffi::Error error_view(const ffi::AnyBuffer& arg, ffi::Result<ffi::AnyBuffer> result, Place place,
@@ -183,11 +198,13 @@ auto bind() {
 }
 
 // The targets, in the order of kTargetNames; a CUDA handler counts its calls (CallCount).
-enum Target { kMetadata, kDecode, kDecodeChecked, kAppend, kAppendChecked, kConvert, kNumTargets };
+enum Target {
+  kMetadata, kDecode, kDecodeChecked, kAppend, kAppendChecked, kConvert, kLinear, kNumTargets
+};
 constexpr const char* kTargetNames[kNumTargets] = {
     "kernelflow_mla_metadata",       "kernelflow_mla_decode",
     "kernelflow_mla_decode_checked", "kernelflow_cache_append", "kernelflow_cache_append_checked",
-    "kernelflow_cache_convert"};
+    "kernelflow_cache_convert",      "kernelflow_linear"};
 
 // Per CUDA target: the handler's calls, and those made while its stream was capturing (XLA
 // recording the call into a command buffer). Replays of a recorded command buffer run the
@@ -277,6 +294,16 @@ auto convert_binding() {
       .template Attr<int32_t>("kv_format");
 }
 
+// x, weight; results out, workspace.
+template <Platform P>
+auto linear_binding() {
+  return bind<P>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
+}
+
 // The handler object of a binding and a call; CUDA handlers may be recorded into command
 // buffers (see the top of this file).
 template <Platform P, Target kT, typename Binding, typename Fn>
@@ -293,6 +320,7 @@ template <Platform P> auto decode_checked_handler() { return make_handler<P, kDe
 template <Platform P> auto append_handler() { return make_handler<P, kAppend>(append_binding<P, false>(), append_unchecked); }
 template <Platform P> auto append_checked_handler() { return make_handler<P, kAppendChecked>(append_binding<P, true>(), append_checked); }
 template <Platform P> auto convert_handler() { return make_handler<P, kConvert>(convert_binding<P>(), convert); }
+template <Platform P> auto linear_handler() { return make_handler<P, kLinear>(linear_binding<P>(), linear); }
 
 // The C entry point XLA calls: the handler made once by `Make`, then called per execution.
 template <auto Make>
@@ -315,6 +343,7 @@ nb::dict targets() {
   d[kTargetNames[kAppend]] = capsule(entry<append_handler<P>>);
   d[kTargetNames[kAppendChecked]] = capsule(entry<append_checked_handler<P>>);
   d[kTargetNames[kConvert]] = capsule(entry<convert_handler<P>>);
+  d[kTargetNames[kLinear]] = capsule(entry<linear_handler<P>>);
   return d;
 }
 

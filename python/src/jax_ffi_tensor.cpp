@@ -84,6 +84,18 @@ bool copy_bytes(void* dst, const void* src, size_t bytes, Place place) {
 #endif
 }
 
+bool zero_bytes(void* dst, size_t bytes, Place place) {
+  if (place.stream == nullptr) {
+    std::memset(dst, 0, bytes);
+    return true;
+  }
+#if KF_JAX_FFI_CUDA
+  return cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(place.stream)) == cudaSuccess;
+#else
+  return false;
+#endif
+}
+
 bool stream_capturing(Place place) {
 #if KF_JAX_FFI_CUDA
   if (place.device.device_type != kDLCUDA) return false;

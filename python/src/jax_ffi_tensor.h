@@ -27,6 +27,9 @@ bool valid_format(int32_t kv_format);
 // was built without CUDA).
 bool copy_bytes(void* dst, const void* src, size_t bytes, Place place);
 
+// dst[0, bytes) = 0, on the place's stream (memset on the CPU). False if the runtime refused.
+bool zero_bytes(void* dst, size_t bytes, Place place);
+
 // Whether the handler's stream is recording a CUDA graph (XLA's command buffers record a
 // compatible custom call by capturing its stream); false on the CPU and without CUDA.
 bool stream_capturing(Place place);
