@@ -52,6 +52,9 @@ struct MlaDecodeParams {
   // requests its weights first), and the combine is launched as a programmatic dependent of the
   // decode. False for plain calls: a next decode parked early is slower.
   bool combine_early_dependents;
+
+  // The timeline build's stamp buffer (cuda/common/timeline.cuh); null in every other build.
+  uint64_t* timeline;
 };
 
 struct MlaMetadataParams {

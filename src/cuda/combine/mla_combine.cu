@@ -31,6 +31,7 @@
 #include "cuda/common/metadata_check.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 
 namespace kf::cuda {
 namespace {
@@ -116,11 +117,13 @@ __device__ __forceinline__ void store4(T* out, float4 v) {
 template <typename T>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     mla_combine_rows_kernel(const __grid_constant__ MlaDecodeParams p) {
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlEntry, threadIdx.x);
   if (p.combine_early_dependents) pdl_launch_dependents();
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int row = blockIdx.y * kRowsPerBlock + int(threadIdx.x >> 5);
   const PieceRangeWords words = load_piece_range(p, r);
   pdl_wait();  // the decode's partials (a no-op when launched plainly)
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlWaited, threadIdx.x);
   int first = 0, n = 0;
   if (row >= p.num_rows || !piece_range(p, r, words, row == 0 && lane == 0, first, n)) return;
   const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
@@ -172,6 +175,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 #pragma unroll
   for (int j = 0; j < 4; ++j) store4<T>(out + 128 * j, acc[j]);
   if (lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlExit, threadIdx.x);
   if (!p.combine_early_dependents) pdl_launch_dependents();
 }
 
@@ -179,11 +183,13 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 template <typename T>
 __global__ void __launch_bounds__(kManyWarps * 32)
     mla_combine_pieces_kernel(const __grid_constant__ MlaDecodeParams p) {
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlEntry, threadIdx.x);
   if (p.combine_early_dependents) pdl_launch_dependents();
   const int r = blockIdx.x, row = blockIdx.y, quarter = blockIdx.z;  // values 128 quarter ..
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const PieceRangeWords words = load_piece_range(p, r);
   pdl_wait();  // the decode's partials (a no-op when launched plainly)
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlWaited, tid);
   int first = 0, n = 0;
   if (!piece_range(p, r, words, tid == 0 && row == 0 && quarter == 0, first, n)) return;
   const float* lse_k = p.lse_accum + int64_t(first) * p.num_rows + row;
@@ -254,6 +260,7 @@ __global__ void __launch_bounds__(kManyWarps * 32)
            int64_t(h) * p.o_head_stride + quarter * 128 + 4 * lane;
   store4<T>(out, acc);
   if (quarter == 0 && lane == 0) p.lse[(int64_t(r) * p.h_q + h) * p.s_q + s] = lse;
+  KF_TIMELINE_STAMP(p.timeline, kTlCombine, kTlExit, tid);
   if (!p.combine_early_dependents) pdl_launch_dependents();
 }
 

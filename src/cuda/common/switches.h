@@ -3,6 +3,7 @@
 // switches") lists them. A flag is on when set to anything not starting with '0'.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -31,6 +32,23 @@ inline bool switch_decode_64_row_tiles() {
 inline bool switch_nvtx() {
   static const bool on = detail::env_flag("KF_NVTX");
   return on;
+}
+
+// KF_TIMELINE_BUFFER: in the timeline build (KF_TIMELINE=1, cuda/common/timeline.cuh) the
+// device address, in hexadecimal, of a zeroed buffer of timeline_buffer_bytes() bytes that the
+// decode and combine kernels write their per-block stamps to (python -m kernelflow.bench.timeline allocates
+// it). Ignored, and null, in every other build.
+inline uint64_t* switch_timeline_buffer() {
+#if defined(KF_TIMELINE) && KF_TIMELINE
+  static uint64_t* const buf = [] {
+    const char* v = std::getenv("KF_TIMELINE_BUFFER");
+    return v == nullptr ? nullptr
+                        : reinterpret_cast<uint64_t*>(std::strtoull(v, nullptr, 16));
+  }();
+  return buf;
+#else
+  return nullptr;
+#endif
 }
 
 // KF_SM90A_KV8=1: the sm_90a family runs FP8 and INT8 caches with bf16 q on its 8-bit kernel

@@ -5,6 +5,7 @@
 
 #include "cuda/combine/mla_combine.h"
 #include "cuda/common/device_flag.h"
+#include "cuda/common/switches.h"
 #include "cuda/decode/decode_family.h"
 #include "cuda/launch.h"
 
@@ -79,9 +80,11 @@ cudaError_t mla_metadata_spread(int device, int num_rows, KvFormat kv_format, bo
   return cudaSuccess;
 }
 
-cudaError_t launch_mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
-  if (!decode_layout_ok(p)) return cudaErrorInvalidValue;
-  if (p.batch == 0) return cudaSuccess;
+cudaError_t launch_mla_decode(const MlaDecodeParams& call, cudaStream_t stream) {
+  if (!decode_layout_ok(call)) return cudaErrorInvalidValue;
+  if (call.batch == 0) return cudaSuccess;
+  MlaDecodeParams p = call;
+  p.timeline = switch_timeline_buffer();  // null but in the timeline build
   const DecodeFamily* family = nullptr;
   cudaError_t err = device_decode_family(current_device(), &family);
   if (err != cudaSuccess) return err;

@@ -59,6 +59,7 @@
 #include "core/params.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/kv_tile_loader.cuh"
 #include "cuda/decode/sm80/mla_decode_epilogue.cuh"
 #include "cuda/decode/sm80/mla_decode_pipeline.cuh"
@@ -92,7 +93,9 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
   const int g = warp / Tr::kDimGroups, d = warp % Tr::kDimGroups;
   const int w = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockM;
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlEntry, tid);
   if (!begin_block<Tr, T>(p, row0, blockIdx.x, gridDim.x)) return;
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlWaited, tid);
 
   const DecodeSmem<Tr> sm(smem);
   PieceRun* pieces = sm.pieces;
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     if (tid == 0) collect_pieces<Tr>(p, w, first, pieces, sm.counts);
     __syncthreads();
     const int n = sm.counts[0], total = sm.counts[1];
+    if (first == 0) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlPieces, tid);
 
     TileProducer prod;               // the next tile to start
     typename Ring::Pages prod_page;  // its pages
@@ -139,6 +143,8 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
           cp_async_wait<kAhead - 1>();
           __syncthreads();
         }
+        if (first == 0 && pi == 0 && tile_tok == tok_begin)
+          KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlFirstTile, tid);
         // Deferred P V (M64): row group 1 finishes the previous tile of this piece first. Its P
         // and alpha rows are its own, and the softmax of this tile rewrites them only after the
         // group's barrier behind QK, which every warp of the group passes after this.
@@ -198,13 +204,20 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
 
       // ---- epilogue: normalize by the row sums, write out/lse or the split partials ----
       const PieceRun e = pieces[pi];
+      // The worker's first piece; every piece's (the last one's stays in the buffer).
+      if (first == 0 && pi == 0) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlFirstEpi, tid);
+      KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlLastEpi, tid);
       float4 quad[4];  // 8-bit: the output transpose's values
       piece_epilogue<Tr, T, kFmt>(sm, p, e, o_acc, quad, row0, g, d, srow);
     }
     cp_async_wait<0>();
-    if (first + Tr::kMaxPieces >= total) break;
+    if (first + Tr::kMaxPieces >= total) {
+      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, uint64_t(total));
+      break;
+    }
     __syncthreads();  // everyone is done with this round's piece list
   }
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlExit, tid);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 }
 

@@ -56,6 +56,7 @@
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/mla_decode_pipeline.cuh"
 #include "cuda/decode/sm90a/mla_decode_sm90a.h"
 #include "cuda/decode/sm90a/mla_decode_sm90a_traits.h"
@@ -141,9 +142,10 @@ __device__ __forceinline__ void piece_epilogue(const MlaDecodeParams& p, const S
 // slots; its epilogue read the row sums and maxima); the copies of tiles 0 and 1 start, Q is
 // stored and the running max reset; each warpgroup scores its first tile, then the steps.
 // ph: this thread's phase bits (kSlotBit: the slot this warpgroup scores).
+// first_piece: the worker's first (for the timeline build's stamps).
 template <typename T>
 __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t& ph,
-                                          const Lane& ln, int tid) {
+                                          const Lane& ln, int tid, bool first_piece) {
   const Smem& sm = w.sm;
   const PieceRun& e = w.e;
   bulk_wait_read();  // the last piece's O has left the slots
@@ -180,12 +182,16 @@ __device__ __forceinline__ void run_piece(const PieceWalk& w, int row0, uint32_t
     wgmma_wait<0>();
     reg_fence_all(s);
   }
+  if (first_piece) KF_TIMELINE_STAMP(w.p.timeline, kTlDecode, kTlFirstTile, tid);
   for (int i = 0; 2 * i < w.n_tiles; ++i) {
     if (ln.g == 0)
       step_group0<T>(w, i, s, o, st, q8, ph, ln);
     else
       step_group1<T>(w, i, s, o, st, q8, ph, ln);
   }
+  // The worker's first piece; every piece's (the last one's stays in the buffer).
+  if (first_piece) KF_TIMELINE_STAMP(w.p.timeline, kTlDecode, kTlFirstEpi, tid);
+  KF_TIMELINE_STAMP(w.p.timeline, kTlDecode, kTlLastEpi, tid);
   piece_epilogue<T>(w.p, sm, e, st, o, row0, ln);
 }
 
@@ -201,16 +207,20 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
     __syncthreads();  // the piece list (and, first time, the barriers' init) is visible
     const int n = sm.counts()[0];
+    if (first == 0) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlPieces, tid);
     for (int pi = 0; pi < n; ++pi) {
       const PieceRun e = sm.pieces()[pi];
       const int span = e.end - e.begin;
       const PieceWalk walk{p, sm, kv_map, e, TileGeom(p, kSmallPages),
                            span > 0 ? (span + Tr::kBlockN - 1) / Tr::kBlockN : 0, scale_log2};
-      run_piece<T>(walk, row0, ph, ln, tid);
+      run_piece<T>(walk, row0, ph, ln, tid, first + pi == 0);
     }
     // The worker's piece total, read again here (shared memory, unchanged during the round)
     // rather than held in a register through the round.
-    if (first + Tr::kMaxPieces >= sm.counts()[1]) break;
+    if (first + Tr::kMaxPieces >= sm.counts()[1]) {
+      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, sm.counts()[1]);
+      break;
+    }
     __syncthreads();  // everyone is done with this round's piece list
   }
   bulk_wait_all();  // the last piece's O is written before the block ends
@@ -232,8 +242,10 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
   const sm90a::Smem sm{{smem_raw + pad, raw + pad}};
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * Tr::kBlockM, w = blockIdx.y;
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlEntry, tid);
   if (tid == 0) sm90a::tma_prefetch_map(&kv_map);
   if (!begin_block<Tr, T>(p, row0, w, gridDim.y)) return;
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlWaited, tid);
   if (tid == 0) {
     for (int i = 0; i < 2 * Tr::kColBlocks; ++i)
       sm90a::mbar_init(sm.base_u32 + Tr::kBarOff + 8 * i, 1);
@@ -242,6 +254,7 @@ __global__ void __launch_bounds__(MlaSm90aTraits::kNumThreads, 1)
     sm90a::fence_mbarrier_init();
   }
   sm90a::run_rounds<T, kSmallPages>(p, sm, &kv_map, w, row0, tid);
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlExit, tid);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 }
 

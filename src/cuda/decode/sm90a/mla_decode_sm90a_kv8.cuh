@@ -34,6 +34,7 @@
 #include "core/params.h"
 #include "cuda/common/device_error.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/decode/sm80/mla_decode_pipeline.cuh"
 #include "cuda/decode/sm90a/kv_tensor_map_sm90a.h"
 #include "cuda/decode/sm90a/mla_decode_sm90a_kv8_traits.h"
@@ -236,6 +237,7 @@ __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Sm
       const int s = int(t_it % Tr::kStages);
       const int tok = e.begin + ti * Tr::kBlockN;
       sm90a::mbar_wait(sm.full(s), (t_it / Tr::kStages) & 1u);
+      if (t_it == 0) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlFirstTile, ln.gtid);
       const uint64_t ok = *sm.tok_ok(s);
       float sc[2];
       load_scales(sm, s, rows_shift, ln, sc);
@@ -260,6 +262,9 @@ __device__ __forceinline__ void consume_round(const MlaDecodeParams& p, const Sm
     it += uint32_t(n_tiles);
 #pragma unroll
     for (int c = 0; c < 8; ++c) sm90a::reg_fence_all(o[c]);
+    // The worker's first piece with tiles; every piece's (the last one's stays in the buffer).
+    if (it == uint32_t(n_tiles)) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlFirstEpi, ln.gtid);
+    KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlLastEpi, ln.gtid);
     piece_epilogue(p, sm, e, ps, o, row0, ln);
   }
 }
@@ -276,11 +281,15 @@ __device__ __forceinline__ void role_rounds(const MlaDecodeParams& p, const Smem
     if (tid == 0) collect_pieces<Tr>(p, w, first, sm.pieces(), sm.counts());
     block_sync();  // the piece list (and, first time, the barriers' init) is visible
     const int n = sm.counts()[0];
+    if (first == 0) KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlPieces, tid);
     if constexpr (kConsumer)
       consume_round<kFmt>(p, sm, n, it, row0, ln);
     else if (tid == Tr::kConsumerThreads)
       produce_round(p, sm, maps, n, it);
-    if (first + Tr::kMaxPieces >= sm.counts()[1]) break;
+    if (first + Tr::kMaxPieces >= sm.counts()[1]) {
+      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, sm.counts()[1]);
+      break;
+    }
     block_sync();  // everyone is done with this round's piece list
   }
 }
@@ -318,7 +327,9 @@ __global__ void __launch_bounds__(MlaSm90aKv8Traits::kNumThreads, 1)
     sm90a::tma_prefetch_map(&maps.rope);
     sm90a::tma_prefetch_map(&maps.scale);
   }
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlEntry, tid);
   if (!begin_block<Tr, __nv_bfloat16>(p, row0, w, gridDim.y)) return;
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlWaited, tid);
   if (tid == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90a::mbar_init(sm.full(s), 1);
@@ -327,6 +338,7 @@ __global__ void __launch_bounds__(MlaSm90aKv8Traits::kNumThreads, 1)
     sm90a::fence_mbarrier_init();
   }
   sm90a_kv8::run_rounds<kFmt>(p, sm, maps, w, row0, tid);
+  KF_TIMELINE_STAMP(p.timeline, kTlDecode, kTlExit, tid);
   pdl_launch_dependents();  // this block is done: a dependent kernel may start launching
 }
 

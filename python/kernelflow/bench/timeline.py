@@ -1,0 +1,177 @@
+"""Where a decode call's time goes, block by block (GPU; a library built with -DKF_TIMELINE=ON).
+
+    python3 -m kernelflow.bench.timeline --h-q 16 --batch 1 64 --s-k 4096 [--formats bf16 fp8_e4m3]
+        [--workers N] [--json OUT]
+
+In the timeline build (src/cuda/common/timeline.cuh) thread 0 of every decode and combine block
+writes the global timer (ns) at a few events into a buffer whose device address the library
+reads once per process from KF_TIMELINE_BUFFER. This module allocates that buffer, sets the
+variable before its first decode, and for each shape runs the decode benchmark's calls (decode +
+combine, the caches rotated beyond L2: kernelflow.bench.decode.Problem) as one CUDA graph of C
+calls: it times the graph, zeroes the buffer, replays once more and reads the stamps, which are
+then the replay's last call's. Per event it prints how many blocks reached it and the minimum,
+median and maximum over them, in microseconds from that call's first decode block entry, beside
+the time per call of the graph: what lies between the last combine block's exit and the next
+call is the launch of the next decode.
+
+The events, in kernel order: entry (first instruction), waited (past the dependency wait and,
+for a decode block, the metadata check), pieces (the first round's piece list), first_tile (the
+first tile of the first piece landed; the sm_90a 16-bit kernel: its first scores done),
+first_epilogue, last_epilogue (the epilogue of the worker's first and last piece begins), exit;
+and per decode block the number of pieces it ran. Combine blocks stamp entry, waited and exit.
+In any other build the stamps stay zero and this module says so.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+
+# The buffer's layout (src/cuda/common/timeline.cuh): uint64 [kernels][blocks][events].
+KERNELS = ("decode", "combine")
+MAX_BLOCKS = 16384
+EVENTS_PER_BLOCK = 8
+EVENTS = ("entry", "waited", "pieces", "first_tile", "first_epilogue", "last_epilogue", "exit")
+PIECES_SLOT = 7  # a decode block's piece count, not a time
+BUFFER_WORDS = len(KERNELS) * MAX_BLOCKS * EVENTS_PER_BLOCK
+
+
+def spread(values: list) -> dict:
+    """n, min, median and max of values (None for an empty list)."""
+    if not values:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    return {"n": len(values), "min": min(values), "median": statistics.median(values),
+            "max": max(values)}
+
+
+def summarize(words) -> dict:
+    """The stamps of one call (a flat sequence of BUFFER_WORDS uint64 words) as, per kernel and
+    event, the spread over the blocks that reached it, in microseconds from the first decode
+    block's entry; decode blocks' piece counts as "pieces_per_block". None when no decode block
+    stamped its entry (not a timeline build, or nothing ran)."""
+    def slot(kernel, block, event):
+        return int(words[(kernel * MAX_BLOCKS + block) * EVENTS_PER_BLOCK + event])
+
+    entries = [slot(0, b, 0) for b in range(MAX_BLOCKS) if slot(0, b, 0) != 0]
+    if not entries:
+        return None
+    t0 = min(entries)
+    out = {}
+    for k, name in enumerate(KERNELS):
+        per_event = {}
+        for e, ev in enumerate(EVENTS):
+            vals = [(slot(k, b, e) - t0) / 1e3 for b in range(MAX_BLOCKS) if slot(k, b, e) >= t0]
+            if vals:
+                per_event[ev] = spread(vals)
+        out[name] = per_event
+    out["pieces_per_block"] = spread([slot(0, b, PIECES_SLOT) for b in range(MAX_BLOCKS)
+                                      if slot(0, b, 0) != 0 and slot(0, b, PIECES_SLOT) != 0])
+    return out
+
+
+def format_summary(title: str, s: dict, us_per_call: float) -> str:
+    lines = [f"## {title}: {us_per_call:.2f} us per call (graph)",
+             "| kernel | event | blocks | min us | median us | max us |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name in KERNELS:
+        for ev in EVENTS:
+            r = s.get(name, {}).get(ev)
+            if r:
+                lines.append(f"| {name} | {ev} | {r['n']} | {r['min']:.2f} | {r['median']:.2f} | "
+                             f"{r['max']:.2f} |")
+    p = s["pieces_per_block"]
+    if p["n"]:
+        lines.append(f"pieces per decode block with work: min {p['min']}, median "
+                     f"{p['median']}, max {p['max']} ({p['n']} blocks)")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelflow.bench.timeline",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--h-q", type=int, nargs="+", default=[16])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--s-k", type=int, nargs="+", default=[4096])
+    ap.add_argument("--s-q", type=int, default=1)
+    ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--formats", nargs="+", default=["bf16"],
+                    choices=["bf16", "fp8_e4m3", "int8"])
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the schedule's worker count (default: the library's for the batch)")
+    ap.add_argument("--replays", type=int, default=20, help="graph replays timed per shape")
+    ap.add_argument("--json", default=None, help="write the summaries here")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    # The library reads the address once, at its first decode: set it before any.
+    buf = torch.zeros(BUFFER_WORDS, dtype=torch.int64, device="cuda")
+    os.environ["KF_TIMELINE_BUFFER"] = f"{buf.data_ptr():x}"
+    import kernelflow as kf
+    from kernelflow.bench import decode as dec
+
+    rows = []
+    for fmt in args.formats:
+        for h_q in args.h_q:
+            for b in args.batch:
+                for s_k in args.s_k:
+                    p = dec.Problem(h_q, b, s_k, args.page, torch.bfloat16, 4 * 60e6, 64, 0,
+                                    s_q=args.s_q)
+                    r = dec.KernelFlowRunner(kf, args.workers)
+                    r.prepare(p, kv_format=fmt)
+                    kv = kf.convert_cache(p.kv, kv_format=fmt) if fmt != "bf16" else p.kv
+                    code = fmt if fmt != "bf16" else None
+
+                    def call(i, kv=kv, code=code, r=r, p=p):
+                        kw = {"out": r.out, "lse": r.lse}
+                        if r.ws is not None:
+                            kw["workspace"] = r.ws
+                        return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens, r.md,
+                                             dec.SCALE, kv_format=code, **kw)
+
+                    unit = lambda: [call(i) for i in range(p.copies)]  # noqa: E731
+                    t = dec.time_unit(unit, p.copies, args.replays)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        unit()
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    buf.zero_()
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    s = summarize(buf.cpu().numpy().view("uint64"))
+                    if s is None:
+                        print("no stamps: the kernelflow on the path is not a KF_TIMELINE build "
+                              "(cmake -DKF_TIMELINE=ON)", file=sys.stderr)
+                        return 1
+                    title = (f"{fmt} h_q {h_q} s_q {args.s_q} b {b} s_k {s_k} page {args.page}, "
+                             f"{r.num_workers} workers, {p.copies} calls per graph")
+                    print(format_summary(title, s, t["us"]), flush=True)
+                    rows.append({"format": fmt, "h_q": h_q, "s_q": args.s_q, "b": b, "s_k": s_k,
+                                 "page": args.page, "workers": r.num_workers,
+                                 "calls_per_graph": p.copies, "us_per_call": t["us"],
+                                 "events": s})
+                    del graph, kv
+                    p.free()
+    if args.json:
+        doc = {"what": "per-block event stamps of one decode + combine call "
+                       "(python -m kernelflow.bench.timeline)",
+               "gpu": torch.cuda.get_device_name(0),
+               "date": datetime.date.today().isoformat(), "host": platform.node(),
+               "command": "python3 -m kernelflow.bench.timeline " + " ".join(
+                   sys.argv[1:] if argv is None else argv),
+               "unit": "us from the call's first decode block entry", "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""kernelflow.bench.timeline on the CPU: the stamp buffer's layout (src/cuda/common/timeline.cuh)
+read back into per-event spreads, on synthetic stamps."""
+
+import numpy as np
+
+from kernelflow.bench import timeline as tl
+
+
+def buffer(decode_blocks, combine_blocks=None):
+    """A stamp buffer with the given blocks' events: {block: {event index: ns}}."""
+    words = np.zeros(tl.BUFFER_WORDS, dtype=np.uint64)
+    for k, blocks in enumerate((decode_blocks, combine_blocks or {})):
+        for b, events in blocks.items():
+            for e, v in events.items():
+                words[(k * tl.MAX_BLOCKS + b) * tl.EVENTS_PER_BLOCK + e] = v
+    return words
+
+
+def test_layout_matches_the_device_header():
+    src = open(__file__.replace("tests/test_bench_timeline.py",
+                                "src/cuda/common/timeline.cuh")).read()
+    assert f"kTimelineMaxBlocks = {tl.MAX_BLOCKS};" in src
+    assert f"kTimelineEvents = {tl.EVENTS_PER_BLOCK};" in src
+    assert f"kTimelineKernels = {len(tl.KERNELS)};" in src
+    assert f"kTlPiecesDone = {tl.PIECES_SLOT}," in src
+    for i, name in enumerate(("kTlEntry", "kTlWaited", "kTlPieces", "kTlFirstTile", "kTlFirstEpi",
+                              "kTlLastEpi", "kTlExit")):
+        assert f"{name} = {i}," in src
+
+
+def test_spreads_in_us_from_the_first_decode_entry():
+    t0 = 5_000_000_000
+    words = buffer({0: {0: t0 + 1000, 6: t0 + 9000, 7: 2},
+                    3: {0: t0, 1: t0 + 500, 6: t0 + 7000, 7: 1},
+                    9: {0: t0 + 2000, 6: t0 + 8000, 7: 3}},
+                   {0: {0: t0 + 9500, 6: t0 + 11000}, 1: {0: t0 + 9700}})
+    s = tl.summarize(words)
+    assert s["decode"]["entry"] == {"n": 3, "min": 0.0, "median": 1.0, "max": 2.0}
+    assert s["decode"]["waited"] == {"n": 1, "min": 0.5, "median": 0.5, "max": 0.5}
+    assert s["decode"]["exit"] == {"n": 3, "min": 7.0, "median": 8.0, "max": 9.0}
+    assert "pieces" not in s["decode"]  # no block stamped it
+    assert s["combine"]["entry"]["n"] == 2 and s["combine"]["entry"]["max"] == 9.7
+    assert s["combine"]["exit"] == {"n": 1, "min": 11.0, "median": 11.0, "max": 11.0}
+    assert s["pieces_per_block"] == {"n": 3, "min": 1, "median": 2, "max": 3}
+    text = tl.format_summary("bf16 h_q 16 b 1", s, 12.5)
+    assert "12.50 us per call" in text and "| decode | exit | 3 | 7.00 | 8.00 | 9.00 |" in text
+
+
+def test_no_stamps_is_none():
+    assert tl.summarize(buffer({})) is None
