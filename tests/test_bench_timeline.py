@@ -30,9 +30,9 @@ def test_layout_matches_the_device_header():
 
 def test_spreads_in_us_from_the_first_decode_entry():
     t0 = 5_000_000_000
-    words = buffer({0: {0: t0 + 1000, 6: t0 + 9000, 7: 2},
+    words = buffer({0: {0: t0 + 1000, 6: t0 + 9000, 7: (5 << 32) | 2},
                     3: {0: t0, 1: t0 + 500, 6: t0 + 7000, 7: 1},
-                    9: {0: t0 + 2000, 6: t0 + 8000, 7: 3}},
+                    9: {0: t0 + 2000, 6: t0 + 8000, 7: (131 << 32) | 3}},
                    {0: {0: t0 + 9500, 6: t0 + 11000}, 1: {0: t0 + 9700}})
     s = tl.summarize(words)
     assert s["decode"]["entry"] == {"n": 3, "min": 0.0, "median": 1.0, "max": 2.0}
@@ -44,6 +44,9 @@ def test_spreads_in_us_from_the_first_decode_entry():
     assert s["pieces_per_block"] == {"n": 3, "min": 1, "median": 2, "max": 3}
     text = tl.format_summary("bf16 h_q 16 b 1", s, 12.5)
     assert "12.50 us per call" in text and "| decode | exit | 3 | 7.00 | 8.00 | 9.00 |" in text
+    rows = tl.decode_blocks(words)
+    assert [r[:4] for r in rows] == [[0, 5, 2, 1.0], [3, 0, 1, 0.0], [9, 131, 3, 2.0]]
+    assert rows[1][4] == 0.5 and rows[0][4] is None and rows[2][3 + 6] == 8.0
 
 
 def test_no_stamps_is_none():

@@ -36,7 +36,7 @@ KERNELS = ("decode", "combine")
 MAX_BLOCKS = 16384
 EVENTS_PER_BLOCK = 8
 EVENTS = ("entry", "waited", "pieces", "first_tile", "first_epilogue", "last_epilogue", "exit")
-PIECES_SLOT = 7  # a decode block's piece count, not a time
+PIECES_SLOT = 7  # a decode block's piece count | its SM << 32, not a time
 BUFFER_WORDS = len(KERNELS) * MAX_BLOCKS * EVENTS_PER_BLOCK
 
 
@@ -68,9 +68,31 @@ def summarize(words) -> dict:
             if vals:
                 per_event[ev] = spread(vals)
         out[name] = per_event
-    out["pieces_per_block"] = spread([slot(0, b, PIECES_SLOT) for b in range(MAX_BLOCKS)
+    out["pieces_per_block"] = spread([slot(0, b, PIECES_SLOT) & 0xFFFFFFFF
+                                      for b in range(MAX_BLOCKS)
                                       if slot(0, b, 0) != 0 and slot(0, b, PIECES_SLOT) != 0])
     return out
+
+
+def decode_blocks(words) -> list:
+    """Each decode block that stamped its entry, as [block, SM, pieces, then every event in
+    EVENTS order in us from the first decode entry (None where not reached)]: the raw rows
+    behind summarize, for questions the spreads do not answer (which blocks end last, on which
+    SMs, with how many pieces). Blocks without work have no SM and 0 pieces."""
+    def slot(block, event):
+        return int(words[block * EVENTS_PER_BLOCK + event])
+
+    live = [b for b in range(MAX_BLOCKS) if slot(b, 0) != 0]
+    if not live:
+        return []
+    t0 = min(slot(b, 0) for b in live)
+    rows = []
+    for b in live:
+        tag = slot(b, PIECES_SLOT)
+        rows.append([b, (tag >> 32) if tag else None, tag & 0xFFFFFFFF]
+                    + [round((slot(b, e) - t0) / 1e3, 3) if slot(b, e) >= t0 else None
+                       for e in range(len(EVENTS))])
+    return rows
 
 
 def format_summary(title: str, s: dict, us_per_call: float) -> str:
@@ -104,6 +126,8 @@ def parse_args(argv=None):
                     help="the schedule's worker count (default: the library's for the batch)")
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed per shape")
     ap.add_argument("--json", default=None, help="write the summaries here")
+    ap.add_argument("--raw", action="store_true",
+                    help="also write each decode block's SM, pieces and events (decode_blocks)")
     return ap.parse_args(argv)
 
 
@@ -146,7 +170,8 @@ def main(argv=None) -> int:
                     buf.zero_()
                     graph.replay()
                     torch.cuda.synchronize()
-                    s = summarize(buf.cpu().numpy().view("uint64"))
+                    words = buf.cpu().numpy().view("uint64")
+                    s = summarize(words)
                     if s is None:
                         print("no stamps: the kernelflow on the path is not a KF_TIMELINE build "
                               "(cmake -DKF_TIMELINE=ON)", file=sys.stderr)
@@ -158,6 +183,10 @@ def main(argv=None) -> int:
                                  "page": args.page, "workers": r.num_workers,
                                  "calls_per_graph": p.copies, "us_per_call": t["us"],
                                  "events": s})
+                    if args.raw:
+                        rows[-1]["decode_blocks"] = {
+                            "columns": ["block", "sm", "pieces", *EVENTS],
+                            "rows": decode_blocks(words)}
                     del graph, kv
                     p.free()
     if args.json:

@@ -2,7 +2,7 @@
 // KF_TIMELINE=1): thread 0 of each block of the decode kernels and the combine records the
 // global timer (%globaltimer, ns) at the events below into the buffer whose device address the
 // KF_TIMELINE_BUFFER switch gives (switches.h; MlaDecodeParams::timeline). Kernels stamp through
-// KF_TIMELINE_STAMP / KF_TIMELINE_RECORD (below), which other builds expand to nothing, so their
+// KF_TIMELINE_STAMP / KF_TIMELINE_PIECES (below), which other builds expand to nothing, so their
 // code is the same as without the stamps; the field stays null there. python -m
 // kernelflow.bench.timeline reads the buffer and prints where a call's time goes.
 //
@@ -31,7 +31,7 @@ enum TimelineEvent {
   kTlFirstEpi = 4,    // decode: the first piece's epilogue begins
   kTlLastEpi = 5,     // decode: a piece's epilogue begins (the last piece's stays)
   kTlExit = 6,        // the block's last instruction (before it lets dependents launch)
-  kTlPiecesDone = 7,  // decode: pieces the block ran (a count, not a time)
+  kTlPiecesDone = 7,  // decode: pieces the block ran | the SM it ran on << 32 (not a time)
 };
 
 __device__ __forceinline__ void timeline_record(uint64_t* buf, int kernel, int event,
@@ -41,6 +41,13 @@ __device__ __forceinline__ void timeline_record(uint64_t* buf, int kernel, int e
       blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
   if (b >= uint64_t(kTimelineMaxBlocks)) return;
   buf[(uint64_t(kernel) * kTimelineMaxBlocks + b) * kTimelineEvents + event] = value;
+}
+
+// The block's piece count and its SM (%smid) at kTlPiecesDone.
+__device__ __forceinline__ void timeline_pieces(uint64_t* buf, int kernel, int pieces) {
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  timeline_record(buf, kernel, kTlPiecesDone, (uint64_t(sm) << 32) | uint32_t(pieces));
 }
 
 // Thread `tid` == 0 records the global timer at `event`.
@@ -58,9 +65,9 @@ __device__ __forceinline__ void timeline_stamp(uint64_t* buf, int kernel, int ev
 #if defined(KF_TIMELINE) && KF_TIMELINE
 #define KF_TIMELINE_STAMP(buf, kernel, event, tid) \
   ::kf::cuda::timeline_stamp((buf), (kernel), (event), (tid))
-#define KF_TIMELINE_RECORD(buf, kernel, event, value) \
-  ::kf::cuda::timeline_record((buf), (kernel), (event), (value))
+#define KF_TIMELINE_PIECES(buf, kernel, pieces) \
+  ::kf::cuda::timeline_pieces((buf), (kernel), (pieces))
 #else
 #define KF_TIMELINE_STAMP(buf, kernel, event, tid) ((void)0)
-#define KF_TIMELINE_RECORD(buf, kernel, event, value) ((void)0)
+#define KF_TIMELINE_PIECES(buf, kernel, pieces) ((void)0)
 #endif

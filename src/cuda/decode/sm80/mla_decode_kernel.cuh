@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads, 1)
     }
     cp_async_wait<0>();
     if (first + Tr::kMaxPieces >= total) {
-      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, uint64_t(total));
+      if (tid == 0) KF_TIMELINE_PIECES(p.timeline, kTlDecode, total);
       break;
     }
     __syncthreads();  // everyone is done with this round's piece list

@@ -218,7 +218,7 @@ __device__ __forceinline__ void run_rounds(const MlaDecodeParams& p, const Smem&
     // The worker's piece total, read again here (shared memory, unchanged during the round)
     // rather than held in a register through the round.
     if (first + Tr::kMaxPieces >= sm.counts()[1]) {
-      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, sm.counts()[1]);
+      if (tid == 0) KF_TIMELINE_PIECES(p.timeline, kTlDecode, sm.counts()[1]);
       break;
     }
     __syncthreads();  // everyone is done with this round's piece list

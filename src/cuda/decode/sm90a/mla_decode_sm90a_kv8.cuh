@@ -287,7 +287,7 @@ __device__ __forceinline__ void role_rounds(const MlaDecodeParams& p, const Smem
     else if (tid == Tr::kConsumerThreads)
       produce_round(p, sm, maps, n, it);
     if (first + Tr::kMaxPieces >= sm.counts()[1]) {
-      if (tid == 0) KF_TIMELINE_RECORD(p.timeline, kTlDecode, kTlPiecesDone, sm.counts()[1]);
+      if (tid == 0) KF_TIMELINE_PIECES(p.timeline, kTlDecode, sm.counts()[1]);
       break;
     }
     block_sync();  // everyone is done with this round's piece list
