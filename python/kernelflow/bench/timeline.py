@@ -75,7 +75,7 @@ def summarize(words) -> dict:
 
 
 def decode_blocks(words) -> list:
-    """Each decode block that stamped its entry, as [block, SM, pieces, then every event in
+    """Each decode block that stamped its entry, as [block, SM, piece count, then every event in
     EVENTS order in us from the first decode entry (None where not reached)]: the raw rows
     behind summarize, for questions the spreads do not answer (which blocks end last, on which
     SMs, with how many pieces). Blocks without work have no SM and 0 pieces."""
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                                  "events": s})
                     if args.raw:
                         rows[-1]["decode_blocks"] = {
-                            "columns": ["block", "sm", "pieces", *EVENTS],
+                            "columns": ["block", "sm", "n_pieces", *EVENTS],
                             "rows": decode_blocks(words)}
                     del graph, kv
                     p.free()
