@@ -1,5 +1,6 @@
-"""tools/compact_results.py bench: a decode run compacted for docs/results/, FlashMLA's matrix
-(kernelflow.bench.decode --flashmla-matrix) kept with its count."""
+"""tools/compact_results.py: a decode run compacted for docs/results/, FlashMLA's matrix
+(kernelflow.bench.decode --flashmla-matrix) kept with its count, a timeline run's block rows
+reduced to the exits by piece count and per SM."""
 
 import argparse
 import os
@@ -44,3 +45,30 @@ def test_the_matrix_is_kept_with_its_count():
 def test_a_run_without_the_matrix_has_no_matrix_keys():
     run = compact_results.bench_run(raw_run(), args())
     assert "flashmla_matrix" not in run and "flashmla_matrix_not_slower" not in run
+
+
+def test_a_timeline_run_keeps_summaries_and_reduces_the_block_rows():
+    events = {"decode": {"exit": {"n": 4, "min": 7.0, "median": 8.123456, "max": 9.0}},
+              "combine": {"entry": {"n": 1, "min": 9.5, "median": 9.5, "max": 9.5}},
+              "pieces_per_block": {"n": 4, "min": 1, "median": 1.5, "max": 2}}
+    # block, SM, piece count, then the seven events (exit last)
+    rows = [[0, 3, 1] + [0.0] + [None] * 5 + [9.0], [1, 3, 2] + [0.1] + [None] * 5 + [7.0],
+            [2, 5, 1] + [0.2] + [None] * 5 + [8.0], [3, 5, 2] + [0.3] + [None] * 5 + [8.5],
+            [4, None, 0] + [0.4] + [None] * 5 + [1.0]]  # a block without work
+    raw = {"what": "w", "gpu": "NVIDIA H200", "date": "2026-12-02", "command": "c",
+           "unit": "us", "rows": [{"format": "bf16", "h_q": 16, "s_q": 1, "b": 64, "s_k": 4096,
+                                   "page": 64, "workers": 264, "calls_per_graph": 2,
+                                   "us_per_call": 80.4321, "events": events,
+                                   "decode_blocks": {"columns": ["block", "sm", "n_pieces",
+                                                                 "entry", "waited", "pieces",
+                                                                 "first_tile", "first_epilogue",
+                                                                 "last_epilogue", "exit"],
+                                                     "rows": rows}}]}
+    run = compact_results.timeline_run(raw, args(what=None))
+    (row,) = run["rows"]
+    assert run["commit"] == "abc1234" and run["device"] == "NVIDIA H200" and run["what"] == "w"
+    assert row["us_per_call"] == 80.43 and row["events"]["decode"]["exit"]["median"] == 8.12
+    assert "decode_blocks" not in row
+    assert row["exit_by_pieces"] == {"1": {"n": 2, "min": 8.0, "median": 8.5, "max": 9.0},
+                                     "2": {"n": 2, "min": 7.0, "median": 7.75, "max": 8.5}}
+    assert row["sm_pair_exit_diff"] == {"n": 2, "min": 0.5, "median": 1.25, "max": 2.0}

@@ -18,6 +18,9 @@ it (kernelflow.bench.plots). The one-row-per-line writer is kernelflow.bench.res
     # FlashMLA's matrix (kernelflow.bench.decode --flashmla-matrix --json): rows and the matrix
     python3 tools/compact_results.py bench $OUT/matrix.json docs/results/flashmla_matrix_h200.json \\
         --commit ... --driver 580.159.04 --command "..."
+    # per-block timelines (python3 -m kernelflow.bench.timeline --json [--raw]), one run per key
+    python3 tools/compact_results.py timeline $OUT/tl_h16.json docs/results/timeline_h200.json \
+        --key h16 --commit ... --driver 580.159.04
     # bench/accuracy_8bit.py prints a markdown table; its printed output goes in
     python3 tools/compact_results.py accuracy $OUT/accuracy.txt docs/results/accuracy_8bit.json \\
         --commit ... --command "python3 bench/accuracy_8bit.py"
@@ -121,6 +124,57 @@ def bench_run(raw, args):
     return {k: v for k, v in run.items() if v is not None}
 
 
+def spread_of(values):
+    """n, min, median, max of a list (the timeline summaries' form)."""
+    v = sorted(values)
+    if not v:
+        return {"n": 0}
+    n = len(v)
+    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return {"n": n, "min": round(v[0], 2), "median": round(med, 2), "max": round(v[-1], 2)}
+
+
+def timeline_row(row):
+    """A kernelflow.bench.timeline row: its summaries rounded to 0.01 us; from the raw per-block
+    rows (--raw), when present, the decode blocks' exit by piece count and the difference between
+    the exits of the two blocks that shared an SM, instead of the rows themselves."""
+    out = {k: row[k] for k in ("format", "h_q", "s_q", "b", "s_k", "page", "workers",
+                               "calls_per_graph") if k in row}
+    out["us_per_call"] = round(row["us_per_call"], 2)
+    ev = row["events"]
+    out["events"] = {kernel: {name: {k: (round(v, 2) if isinstance(v, float) else v)
+                                     for k, v in r.items()}
+                              for name, r in ev[kernel].items()}
+                     for kernel in ("decode", "combine") if kernel in ev}
+    out["pieces_per_block"] = ev.get("pieces_per_block")
+    raw = row.get("decode_blocks")
+    if raw:
+        # The rows' fixed layout (kernelflow.bench.timeline.decode_blocks): block, SM, piece
+        # count, then the events; "exit" is the seventh event.
+        assert len(raw["columns"]) == 10 and raw["columns"][-1] == "exit", raw["columns"]
+        sm, pieces, exit_ = 1, 2, 9
+        live = [r for r in raw["rows"] if r[pieces] and r[exit_] is not None]
+        by_pieces = {}
+        for r in live:
+            by_pieces.setdefault(r[pieces], []).append(r[exit_])
+        out["exit_by_pieces"] = {str(k): spread_of(v) for k, v in sorted(by_pieces.items())}
+        by_sm = {}
+        for r in live:
+            by_sm.setdefault(r[sm], []).append(r[exit_])
+        pairs = [abs(v[0] - v[1]) for v in by_sm.values() if len(v) == 2]
+        if pairs:
+            out["sm_pair_exit_diff"] = spread_of(pairs)
+    return out
+
+
+def timeline_run(raw, args):
+    run = {"benchmark": "kernelflow.bench.timeline", "what": args.what or raw.get("what"),
+           "device": raw.get("gpu"), "driver": args.driver, "date": args.date or raw.get("date"),
+           "commit": args.commit, "command": args.command or raw.get("command"),
+           "unit": raw.get("unit"), "rows": [timeline_row(r) for r in raw["rows"]]}
+    return {k: v for k, v in run.items() if v is not None}
+
+
 ACC_ROW = re.compile(r"^\| (.+?) \| (\S+) \| (\d+) \| (\S+) \| (\S+) \| (.+?) \| (\S+) \|$")
 
 
@@ -165,8 +219,9 @@ def write(out_path, run, key):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=["bench", "accuracy"])
-    ap.add_argument("raw", help="kernelflow.bench.decode --json output, or accuracy_8bit.py's printout")
+    ap.add_argument("kind", choices=["bench", "accuracy", "timeline"])
+    ap.add_argument("raw", help="kernelflow.bench.decode or kernelflow.bench.timeline --json "
+                    "output, or accuracy_8bit.py's printout")
     ap.add_argument("out", help="the docs/results/ file to write")
     ap.add_argument("--key", help="write the run under this key of OUT (other keys are kept)")
     ap.add_argument("--commit", required=True, help="the library commit that was measured")
@@ -178,9 +233,10 @@ def main():
     ap.add_argument("--log", help="bench: the printed output, for device/versions/date")
     ap.add_argument("--what", help="one line saying what the run is")
     args = ap.parse_args()
-    if args.kind == "bench":
+    if args.kind in ("bench", "timeline"):
         with open(args.raw) as f:
-            run = bench_run(json.load(f), args)
+            raw = json.load(f)
+        run = bench_run(raw, args) if args.kind == "bench" else timeline_run(raw, args)
     else:
         run = accuracy_run(args.raw, args)
     write(args.out, run, args.key)
