@@ -6,10 +6,11 @@ import numpy as np
 from kernelflow.bench import timeline as tl
 
 
-def buffer(decode_blocks, combine_blocks=None):
-    """A stamp buffer with the given blocks' events: {block: {event index: ns}}."""
+def buffer(decode_blocks, combine_blocks=None, *others):
+    """A stamp buffer with the given blocks' events: {block: {event index: ns}}, per kernel in
+    tl.KERNELS order."""
     words = np.zeros(tl.BUFFER_WORDS, dtype=np.uint64)
-    for k, blocks in enumerate((decode_blocks, combine_blocks or {})):
+    for k, blocks in enumerate((decode_blocks, combine_blocks or {}) + others):
         for b, events in blocks.items():
             for e, v in events.items():
                 words[(k * tl.MAX_BLOCKS + b) * tl.EVENTS_PER_BLOCK + e] = v
@@ -25,6 +26,9 @@ def test_layout_matches_the_device_header():
     assert f"kTlPiecesDone = {tl.PIECES_SLOT}," in src
     for i, name in enumerate(("kTlEntry", "kTlWaited", "kTlPieces", "kTlFirstTile", "kTlFirstEpi",
                               "kTlLastEpi", "kTlExit")):
+        assert f"{name} = {i}," in src
+    for i, name in enumerate(("kTlDecode", "kTlCombine", "kTlGemmProj", "kTlQAbsorb", "kTlGemmUv",
+                              "kTlGemmO", "kTlGemmQb", "kTlGemmOther")):
         assert f"{name} = {i}," in src
 
 
@@ -51,3 +55,14 @@ def test_spreads_in_us_from_the_first_decode_entry():
 
 def test_no_stamps_is_none():
     assert tl.summarize(buffer({})) is None
+
+
+def test_a_layer_reads_from_its_first_launch_and_lists_the_launches_it_ran():
+    t0 = 7_000_000_000
+    words = buffer({0: {0: t0 + 9000, 6: t0 + 20000}}, {0: {0: t0 + 20500}},
+                   {0: {0: t0, 1: t0 + 800, 3: t0 + 1500, 4: t0 + 3000, 6: t0 + 3500}})
+    s = tl.summarize(words, origin="first")
+    assert s["gemm_proj"]["first_tile"]["median"] == 1.5 and s["decode"]["entry"]["min"] == 9.0
+    assert "gemm_o" not in s and "q_absorb" not in s  # no stamps: not listed
+    assert "gemm_proj" not in tl.summarize(words)  # before the decode's entry: not counted
+    assert "| gemm_proj | first_epilogue | 1 | 3.00 |" in tl.format_summary("layer", s, 30.0)

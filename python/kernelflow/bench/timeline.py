@@ -1,7 +1,8 @@
 """Where a decode call's time goes, block by block (GPU; a library built with -DKF_TIMELINE=ON).
 
     python3 -m kernelflow.bench.timeline --h-q 16 --batch 1 64 --s-k 4096 [--formats bf16 fp8_e4m3]
-        [--workers N] [--json OUT]
+        [--workers N] [--raw] [--json OUT]
+    python3 -m kernelflow.bench.timeline --layer --batch 1 64 [--layers 27] [--json OUT]
 
 In the timeline build (src/cuda/common/timeline.cuh) thread 0 of every decode and combine block
 writes the global timer (ns) at a few events into a buffer whose device address the library
@@ -19,6 +20,10 @@ for a decode block, the metadata check), pieces (the first round's piece list), 
 first tile of the first piece landed; the sm_90a 16-bit kernel: its first scores done),
 first_epilogue, last_epilogue (the epilogue of the worker's first and last piece begins), exit;
 and per decode block the number of pieces it ran. Combine blocks stamp entry, waited and exit.
+With --layer the fused DeepSeek-V2-Lite layer graph runs instead, and every launch of its last
+layer is read (the projections, the query absorption with the prologue, the decode, the combine,
+the output absorption and W_o; a GEMM block stamps its entry, its wait, its first stage, its
+epilogue and its exit), from that layer's first entry, beside the time per layer.
 In any other build the stamps stay zero and this module says so.
 """
 from __future__ import annotations
@@ -32,7 +37,8 @@ import statistics
 import sys
 
 # The buffer's layout (src/cuda/common/timeline.cuh): uint64 [kernels][blocks][events].
-KERNELS = ("decode", "combine")
+KERNELS = ("decode", "combine", "gemm_proj", "q_absorb", "gemm_uv", "gemm_o", "gemm_q_b",
+           "gemm_other")
 MAX_BLOCKS = 16384
 EVENTS_PER_BLOCK = 8
 EVENTS = ("entry", "waited", "pieces", "first_tile", "first_epilogue", "last_epilogue", "exit")
@@ -48,18 +54,23 @@ def spread(values: list) -> dict:
             "max": max(values)}
 
 
-def summarize(words) -> dict:
+def summarize(words, origin: str = "decode") -> dict:
     """The stamps of one call (a flat sequence of BUFFER_WORDS uint64 words) as, per kernel and
     event, the spread over the blocks that reached it, in microseconds from the first decode
-    block's entry; decode blocks' piece counts as "pieces_per_block". None when no decode block
-    stamped its entry (not a timeline build, or nothing ran)."""
+    block's entry (origin "decode") or the first entry of any kernel (origin "first": a layer
+    graph's last layer from its first projection); decode blocks' piece counts as
+    "pieces_per_block". Kernels without stamps are left out. None when no decode block stamped
+    its entry (not a timeline build, or nothing ran)."""
     def slot(kernel, block, event):
         return int(words[(kernel * MAX_BLOCKS + block) * EVENTS_PER_BLOCK + event])
 
-    entries = [slot(0, b, 0) for b in range(MAX_BLOCKS) if slot(0, b, 0) != 0]
-    if not entries:
+    def entries(k):
+        return [slot(k, b, 0) for b in range(MAX_BLOCKS) if slot(k, b, 0) != 0]
+
+    if not entries(0):
         return None
-    t0 = min(entries)
+    t0 = min(entries(0)) if origin == "decode" else min(
+        min(e) for e in (entries(k) for k in range(len(KERNELS))) if e)
     out = {}
     for k, name in enumerate(KERNELS):
         per_event = {}
@@ -67,7 +78,8 @@ def summarize(words) -> dict:
             vals = [(slot(k, b, e) - t0) / 1e3 for b in range(MAX_BLOCKS) if slot(k, b, e) >= t0]
             if vals:
                 per_event[ev] = spread(vals)
-        out[name] = per_event
+        if per_event:
+            out[name] = per_event
     out["pieces_per_block"] = spread([slot(0, b, PIECES_SLOT) & 0xFFFFFFFF
                                       for b in range(MAX_BLOCKS)
                                       if slot(0, b, 0) != 0 and slot(0, b, PIECES_SLOT) != 0])
@@ -99,7 +111,7 @@ def format_summary(title: str, s: dict, us_per_call: float) -> str:
     lines = [f"## {title}: {us_per_call:.2f} us per call (graph)",
              "| kernel | event | blocks | min us | median us | max us |",
              "| --- | --- | --- | --- | --- | --- |"]
-    for name in KERNELS:
+    for name in [k for k in KERNELS if k in s]:
         for ev in EVENTS:
             r = s.get(name, {}).get(ev)
             if r:
@@ -128,7 +140,55 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="write the summaries here")
     ap.add_argument("--raw", action="store_true",
                     help="also write each decode block's SM, pieces and events (decode_blocks)")
+    ap.add_argument("--layer", action="store_true",
+                    help="the fused DeepSeek-V2-Lite layer graph (kernelflow.DecodeGraph) of "
+                         "--layers layers instead of decode calls: every launch of its last layer, "
+                         "from that layer's first entry")
+    ap.add_argument("--layers", type=int, default=27, help="--layer: layers in the graph")
     return ap.parse_args(argv)
+
+
+def layer_rows(args, buf, torch) -> list:
+    """--layer: per batch and cache format, the fused layer graph of args.layers DeepSeek-V2-Lite
+    layers (the layer benchmark's weights, caches and step: kernelflow.bench.layer) timed, then
+    one more launch whose stamps are read: its last layer's launches."""
+    from kernelflow.bench import layer as bl
+    from kernelflow.bench import decode as dec
+
+    device = torch.device("cuda")
+    shape = bl.tl.LayerShape.deepseek_v2_lite()
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights = [bl.tl.make_layer_weights(shape, gen, device) for _ in range(args.layers)]
+    stream = torch.cuda.current_stream()
+    rows = []
+    for b in args.batch:
+        for s_k in args.s_k:
+            step = bl.tl.make_step(shape, [s_k] * b, args.layers, gen, device,
+                                   page_size=args.page)
+            for fmt in args.formats:
+                caches = (step.caches if fmt == "bf16"
+                          else [bl.in_format(c, fmt) for c in step.caches])
+                output = torch.empty_like(step.hidden)
+                errors = bl.kf.new_error_buffer(step.hidden)
+                with bl.fused_graph(shape, weights, caches, step, fmt, output, errors) as graph:
+                    launch = lambda: graph.launch(stream=stream)  # noqa: E731
+                    t = dec.time_unit(launch, args.layers, args.replays, use_graph=False)
+                    buf.zero_()
+                    launch()
+                    torch.cuda.synchronize()
+                    s = summarize(buf.cpu().numpy().view("uint64"), origin="first")
+                if s is None:
+                    raise SystemExit("no stamps: the kernelflow on the path is not a KF_TIMELINE "
+                                     "build (cmake -DKF_TIMELINE=ON)")
+                title = (f"V2-Lite layer {fmt} b {b} s_k {s_k} page {args.page}, "
+                         f"{args.layers} layers (the last one's launches, us per layer)")
+                print(format_summary(title, s, t["us"]), flush=True)
+                rows.append({"model": "v2_lite", "format": fmt, "b": b, "s_k": s_k,
+                             "page": args.page, "layers": args.layers, "us_per_layer": t["us"],
+                             "events": s})
+                del caches
+            del step
+    return rows
 
 
 def main(argv=None) -> int:
@@ -141,8 +201,8 @@ def main(argv=None) -> int:
     import kernelflow as kf
     from kernelflow.bench import decode as dec
 
-    rows = []
-    for fmt in args.formats:
+    rows = layer_rows(args, buf, torch) if args.layer else []
+    for fmt in ([] if args.layer else args.formats):
         for h_q in args.h_q:
             for b in args.batch:
                 for s_k in args.s_k:

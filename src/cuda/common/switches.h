@@ -34,10 +34,10 @@ inline bool switch_nvtx() {
   return on;
 }
 
-// KF_TIMELINE_BUFFER: in the timeline build (KF_TIMELINE=1, cuda/common/timeline.cuh) the
-// device address, in hexadecimal, of a zeroed buffer of timeline_buffer_bytes() bytes that the
-// decode and combine kernels write their per-block stamps to (python -m kernelflow.bench.timeline allocates
-// it). Ignored, and null, in every other build.
+// KF_TIMELINE_BUFFER: in the timeline build (KF_TIMELINE=1) the device address, in hexadecimal,
+// of a zeroed buffer laid out as cuda/common/timeline.cuh says, which the decode, combine and
+// fused-layer kernels write their per-block stamps to (python -m kernelflow.bench.timeline
+// allocates it). Ignored, and null, in every other build.
 inline uint64_t* switch_timeline_buffer() {
 #if defined(KF_TIMELINE) && KF_TIMELINE
   static uint64_t* const buf = [] {

@@ -1,5 +1,6 @@
 // Per-block event stamps for the timeline build (CMake -DKF_TIMELINE=ON, which defines
-// KF_TIMELINE=1): thread 0 of each block of the decode kernels and the combine records the
+// KF_TIMELINE=1): thread 0 of each block of the decode kernels, the combine and the fused
+// layer's GEMM and prologue launches records the
 // global timer (%globaltimer, ns) at the events below into the buffer whose device address the
 // KF_TIMELINE_BUFFER switch gives (switches.h; MlaDecodeParams::timeline). Kernels stamp through
 // KF_TIMELINE_STAMP / KF_TIMELINE_PIECES (below), which other builds expand to nothing, so their
@@ -17,12 +18,25 @@
 
 namespace kf::cuda {
 
-enum TimelineKernel { kTlDecode = 0, kTlCombine = 1 };
-constexpr int kTimelineKernels = 2;
+// The launches a timeline tells apart: the attention's two, and the fused layer's (each of its
+// launches records over the previous layer's, so a layer graph's buffer holds its last layer).
+enum TimelineKernel {
+  kTlDecode = 0,
+  kTlCombine = 1,
+  kTlGemmProj = 2,  // the layer's first projections ([W_q; W_kv_a], or [W_q_a; W_kv_a])
+  kTlQAbsorb = 3,   // the query absorption with the prologue (its GEMM blocks, then the rows')
+  kTlGemmUv = 4,    // the output absorption (W_UV per head)
+  kTlGemmO = 5,     // the output projection W_o
+  kTlGemmQb = 6,    // W_q_b (query compression)
+  kTlGemmOther = 7, // a GEMM launched outside the layer (kf_linear)
+};
+constexpr int kTimelineKernels = 8;
 constexpr int kTimelineMaxBlocks = 16384;
 constexpr int kTimelineEvents = 8;
 
-// The events (kernelflow/bench/timeline.py names them in the same order).
+// The events (kernelflow/bench/timeline.py names them in the same order). A GEMM block stamps
+// entry, waited, first_tile (its first stage of weights and X landed), first_epilogue (its ring
+// drained, the epilogue begins) and exit; the prologue's blocks entry, waited and exit.
 enum TimelineEvent {
   kTlEntry = 0,       // the block's first instruction
   kTlWaited = 1,      // past the dependency wait (and, for a decode, the metadata check)

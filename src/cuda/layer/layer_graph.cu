@@ -23,6 +23,8 @@
 #include "core/params.h"
 #include "core/scheduler.h"
 #include "cuda/common/device_flag.h"
+#include "cuda/common/switches.h"
+#include "cuda/common/timeline.cuh"
 #include "cuda/launch.h"
 #include "cuda/layer/layer_kernels.h"
 
@@ -94,7 +96,8 @@ GemmJob linear_job(const uint16_t* w, int64_t ldw, int n_cols, const uint16_t* x
   return j;
 }
 
-GemmLaunch gemm_launch(const LayerBuffers& buf, int m, int k, GemmJob a) {
+// tl_kernel: the launch's id in the timeline build's stamps (cuda/common/timeline.cuh).
+GemmLaunch gemm_launch(const LayerBuffers& buf, int m, int k, GemmJob a, int tl_kernel) {
   GemmLaunch g{};
   g.job[0] = a;
   g.num_jobs = 1;
@@ -102,6 +105,8 @@ GemmLaunch gemm_launch(const LayerBuffers& buf, int m, int k, GemmJob a) {
   g.k = k;
   g.scratch = buf.gemm_scratch;
   g.counters = buf.gemm_counters;
+  g.timeline = switch_timeline_buffer();
+  g.timeline_kernel = tl_kernel;
   return g;
 }
 
@@ -114,7 +119,8 @@ cudaError_t record_projections(const LayerGraphParams& p, const LayerWeights& w,
   GemmLaunch g = gemm_launch(
       buf, m, d.hidden,
       lora ? linear_job(w.w_q_a, w.w_q_a_stride, d.q_lora, x.ptr, x.stride, buf.q_a, d.q_lora)
-           : linear_job(w.w_q, w.w_q_stride, d.q_out(), x.ptr, x.stride, buf.q_proj, d.q_out()));
+           : linear_job(w.w_q, w.w_q_stride, d.q_out(), x.ptr, x.stride, buf.q_proj, d.q_out()),
+      kTlGemmProj);
   g.job[1] = linear_job(w.w_kv_a, w.w_kv_a_stride, d.kv_a_out(), x.ptr, x.stride, buf.kv_proj,
                         d.kv_a_out());
   g.num_jobs = 2;
@@ -124,7 +130,8 @@ cudaError_t record_projections(const LayerGraphParams& p, const LayerWeights& w,
   if (err != cudaSuccess) return err;
   return launch_skinny_gemm(gemm_launch(buf, m, d.q_lora,
                                         linear_job(w.w_q_b, w.w_q_b_stride, d.q_out(), buf.q_a,
-                                                   d.q_lora, buf.q_proj, d.q_out())),
+                                                   d.q_lora, buf.q_proj, d.q_out()),
+                                        kTlGemmQb),
                             WeightLayout::kNK, s);
 }
 
@@ -145,7 +152,7 @@ cudaError_t record_q_absorb_prologue(const LayerGraphParams& p, const LayerWeigh
   uk.y_z = kHeadDim;
   uk.n_cols = d.kv_lora;
   uk.num_z = d.heads;
-  const GemmLaunch absorb = gemm_launch(buf, p.batch, d.nope, uk);
+  const GemmLaunch absorb = gemm_launch(buf, p.batch, d.nope, uk, kTlQAbsorb);
 
   PrologueParams pro{};
   pro.batch = p.batch;
@@ -201,11 +208,12 @@ cudaError_t record_output(const LayerGraphParams& p, const LayerWeights& w,
   uv.n_cols = d.v;
   uv.num_z = d.heads;
   cudaError_t err =
-      launch_skinny_gemm(gemm_launch(buf, p.batch, d.kv_lora, uv), WeightLayout::kNK, s);
+      launch_skinny_gemm(gemm_launch(buf, p.batch, d.kv_lora, uv, kTlGemmUv), WeightLayout::kNK, s);
   if (err != cudaSuccess) return err;
   return launch_skinny_gemm(
       gemm_launch(buf, p.batch, d.o_in(),
-                  linear_job(w.w_o, w.w_o_stride, d.hidden, buf.o_heads, d.o_in(), y.ptr, y.stride)),
+                  linear_job(w.w_o, w.w_o_stride, d.hidden, buf.o_heads, d.o_in(), y.ptr, y.stride),
+                  kTlGemmO),
       WeightLayout::kNK, s);
 }
 

@@ -59,6 +59,10 @@ struct GemmLaunch {
   // Filled by plan_gemm.
   int tiles, splits;
   bool narrow;  // the narrow kernel (then splits == 1)
+  // The timeline build's stamp buffer and this launch's kernel id in it (cuda/common/
+  // timeline.cuh; null and unused in every other build).
+  uint64_t* timeline;
+  int timeline_kernel;
 };
 
 // Fills the tile counts and the split; false for what the kernels do not handle (M outside

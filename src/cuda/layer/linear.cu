@@ -1,6 +1,8 @@
 // kf_linear on the GPU: one job of the fused layer's skinny GEMM (skinny_gemm.cu picks the
 // narrow or the wide kernel and the split), with the caller's workspace as its split scratch,
 // launched in plain stream order (GemmLaunch::stream_order says why).
+#include "cuda/common/switches.h"
+#include "cuda/common/timeline.cuh"
 #include "cuda/launch.h"
 #include "cuda/layer/layer_kernels.h"
 
@@ -23,6 +25,8 @@ cudaError_t launch_linear(const LinearParams& p, cudaStream_t stream) {
   g.scratch = p.scratch;
   g.counters = p.counters;
   g.stream_order = true;  // the previous kernel in the caller's stream may write the weight
+  g.timeline = switch_timeline_buffer();  // null but in the timeline build
+  g.timeline_kernel = kTlGemmOther;
   return launch_skinny_gemm(g, WeightLayout::kNK, stream);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/layer_prologue.cuh"
 #include "cuda/layer/skinny_gemm.cuh"
@@ -33,8 +34,11 @@ __global__ void __launch_bounds__(kGemmThreads)
     gemm_block<MT, WeightLayout::kKN>(p.absorb, blockIdx.x, smem);
     return;
   }
+  KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlEntry, threadIdx.x);
   pdl_wait();  // the projections
+  KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlWaited, threadIdx.x);
   layer_prologue_row(p.pro, blockIdx.x - gemm_blocks);
+  KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlExit, threadIdx.x);
   pdl_launch_dependents();
 }
 

@@ -46,6 +46,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/layer/gemm_layout.h"
 #include "cuda/layer/layer_kernels.h"
 
@@ -370,15 +371,24 @@ __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t
   const int nk = kt1 - kt0;
   auto stage_ptr = [&](int i) { return smem + (i % Shape::kStages) * Shape::kStageBytes; };
   float acc[MT][4];
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlEntry, tid);
   gemm_ring<Shape::kStages>(
       nk, acc,
       [&](int i) { gemm_load_w<L>(stage_ptr(i), op, id.n0, (kt0 + i) * kLayerGemmTileK, tid); },
-      [&](int i) { gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid); },
-      [&](int i) { gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane); });
+      [&](int i) {
+        if (i == 0) KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlWaited, tid);
+        gemm_load_x<MT>(stage_ptr(i), op, g.m, (kt0 + i) * kLayerGemmTileK, tid);
+      },
+      [&](int i) {
+        if (i == 0) KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstTile, tid);
+        gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane);
+      });
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstEpi, tid);
   if constexpr (kCluster)
     gemm_cluster_epilogue<MT>(g, op, split, id.n0, acc, warp, lane, smem);
   else
     gemm_epilogue<MT>(g, op, tile, split, id.n0, acc, warp, lane);
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlExit, tid);
 }
 
 // f(std::integral_constant<int, MT>) for the smallest MT with 8 MT >= m (m in 1..128).

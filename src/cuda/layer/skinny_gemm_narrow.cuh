@@ -21,6 +21,7 @@
 #include "core/half_convert.h"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/timeline.cuh"
 #include "cuda/layer/gemm_layout.h"
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"
@@ -136,12 +137,21 @@ __device__ __forceinline__ void narrow_block(const GemmLaunch& g, int bid, uint8
   const int nk = (g.k + kNarrowStageK - 1) / kNarrowStageK;
   auto stage_ptr = [&](int i) { return smem + (i % Shape::kStages) * Shape::kStageBytes; };
   float acc[MT][4];
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlEntry, tid);
   gemm_ring<Shape::kStages>(
       nk, acc,
       [&](int i) { narrow_load_w(stage_ptr(i), op, id.n0, i * kNarrowStageK, g.k, tid); },
-      [&](int i) { narrow_load_x<MT>(stage_ptr(i), op, g.m, i * kNarrowStageK, g.k, tid); },
-      [&](int i) { narrow_stage_mma<MT>(acc, stage_ptr(i), warp, lane); });
+      [&](int i) {
+        if (i == 0) KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlWaited, tid);
+        narrow_load_x<MT>(stage_ptr(i), op, g.m, i * kNarrowStageK, g.k, tid);
+      },
+      [&](int i) {
+        if (i == 0) KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstTile, tid);
+        narrow_stage_mma<MT>(acc, stage_ptr(i), warp, lane);
+      });
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstEpi, tid);
   narrow_epilogue<MT>(g, op, id.n0, acc, warp, lane, smem);
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlExit, tid);
 }
 
 }  // namespace kf::cuda
