@@ -138,15 +138,18 @@ def timeline_row(row):
     """A kernelflow.bench.timeline row: its summaries rounded to 0.01 us; from the raw per-block
     rows (--raw), when present, the decode blocks' exit by piece count and the difference between
     the exits of the two blocks that shared an SM, instead of the rows themselves."""
-    out = {k: row[k] for k in ("format", "h_q", "s_q", "b", "s_k", "page", "workers",
-                               "calls_per_graph") if k in row}
-    out["us_per_call"] = round(row["us_per_call"], 2)
+    out = {k: row[k] for k in ("model", "format", "h_q", "s_q", "b", "s_k", "page", "layers",
+                               "workers", "calls_per_graph") if k in row}
+    for k in ("us_per_call", "us_per_layer"):  # decode calls; a layer graph (--layer)
+        if k in row:
+            out[k] = round(row[k], 2)
     ev = row["events"]
     out["events"] = {kernel: {name: {k: (round(v, 2) if isinstance(v, float) else v)
                                      for k, v in r.items()}
                               for name, r in ev[kernel].items()}
                      for kernel in ("decode", "combine") if kernel in ev}
-    out["pieces_per_block"] = ev.get("pieces_per_block")
+    if ev.get("pieces_per_block", {}).get("n"):
+        out["pieces_per_block"] = ev["pieces_per_block"]
     raw = row.get("decode_blocks")
     if raw:
         # The rows' fixed layout (kernelflow.bench.timeline.decode_blocks): block, SM, piece

@@ -148,61 +148,27 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def layer_rows(args, buf, torch) -> list:
-    """--layer: per batch and cache format, the fused layer graph of args.layers DeepSeek-V2-Lite
-    layers (the layer benchmark's weights, caches and step: kernelflow.bench.layer) timed, then
-    one more launch whose stamps are read: its last layer's launches."""
-    from kernelflow.bench import layer as bl
+NO_STAMPS = ("no stamps: the kernelflow on the path is not a KF_TIMELINE build "
+             "(cmake -DKF_TIMELINE=ON)")
+
+
+def read_stamps(buf, origin: str = "decode"):
+    """The buffer's words and their summary (summarize); exits when nothing was stamped."""
+    words = buf.cpu().numpy().view("uint64")
+    s = summarize(words, origin)
+    if s is None:
+        raise SystemExit(NO_STAMPS)
+    return words, s
+
+
+def decode_rows(args, buf, torch, kf) -> list:
+    """Per cache format and shape, decode + combine calls over rotated caches (the decode
+    benchmark's Problem and worker count) as one CUDA graph: timed, then replayed once more with
+    the buffer zeroed, whose stamps are the replay's last call's."""
     from kernelflow.bench import decode as dec
 
-    device = torch.device("cuda")
-    shape = bl.tl.LayerShape.deepseek_v2_lite()
-    gen = torch.Generator(device=device).manual_seed(0)
-    weights = [bl.tl.make_layer_weights(shape, gen, device) for _ in range(args.layers)]
-    stream = torch.cuda.current_stream()
     rows = []
-    for b in args.batch:
-        for s_k in args.s_k:
-            step = bl.tl.make_step(shape, [s_k] * b, args.layers, gen, device,
-                                   page_size=args.page)
-            for fmt in args.formats:
-                caches = (step.caches if fmt == "bf16"
-                          else [bl.in_format(c, fmt) for c in step.caches])
-                output = torch.empty_like(step.hidden)
-                errors = bl.kf.new_error_buffer(step.hidden)
-                with bl.fused_graph(shape, weights, caches, step, fmt, output, errors) as graph:
-                    launch = lambda: graph.launch(stream=stream)  # noqa: E731
-                    t = dec.time_unit(launch, args.layers, args.replays, use_graph=False)
-                    buf.zero_()
-                    launch()
-                    torch.cuda.synchronize()
-                    s = summarize(buf.cpu().numpy().view("uint64"), origin="first")
-                if s is None:
-                    raise SystemExit("no stamps: the kernelflow on the path is not a KF_TIMELINE "
-                                     "build (cmake -DKF_TIMELINE=ON)")
-                title = (f"V2-Lite layer {fmt} b {b} s_k {s_k} page {args.page}, "
-                         f"{args.layers} layers (the last one's launches, us per layer)")
-                print(format_summary(title, s, t["us"]), flush=True)
-                rows.append({"model": "v2_lite", "format": fmt, "b": b, "s_k": s_k,
-                             "page": args.page, "layers": args.layers, "us_per_layer": t["us"],
-                             "events": s})
-                del caches
-            del step
-    return rows
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    # The library reads the address once, at its first decode: set it before any.
-    buf = torch.zeros(BUFFER_WORDS, dtype=torch.int64, device="cuda")
-    os.environ["KF_TIMELINE_BUFFER"] = f"{buf.data_ptr():x}"
-    import kernelflow as kf
-    from kernelflow.bench import decode as dec
-
-    rows = layer_rows(args, buf, torch) if args.layer else []
-    for fmt in ([] if args.layer else args.formats):
+    for fmt in args.formats:
         for h_q in args.h_q:
             for b in args.batch:
                 for s_k in args.s_k:
@@ -230,12 +196,7 @@ def main(argv=None) -> int:
                     buf.zero_()
                     graph.replay()
                     torch.cuda.synchronize()
-                    words = buf.cpu().numpy().view("uint64")
-                    s = summarize(words)
-                    if s is None:
-                        print("no stamps: the kernelflow on the path is not a KF_TIMELINE build "
-                              "(cmake -DKF_TIMELINE=ON)", file=sys.stderr)
-                        return 1
+                    words, s = read_stamps(buf)
                     title = (f"{fmt} h_q {h_q} s_q {args.s_q} b {b} s_k {s_k} page {args.page}, "
                              f"{r.num_workers} workers, {p.copies} calls per graph")
                     print(format_summary(title, s, t["us"]), flush=True)
@@ -249,14 +210,70 @@ def main(argv=None) -> int:
                             "rows": decode_blocks(words)}
                     del graph, kv
                     p.free()
+    return rows
+
+
+def layer_rows(args, buf, torch) -> list:
+    """--layer: per batch and cache format, the fused layer graph of args.layers DeepSeek-V2-Lite
+    layers (the layer benchmark's weights, caches and step: kernelflow.bench.layer) timed, then
+    one more launch whose stamps are read: its last layer's launches."""
+    from kernelflow.bench import decode as dec
+    from kernelflow.bench import layer as bl
+
+    device = torch.device("cuda")
+    shape = bl.tl.LayerShape.deepseek_v2_lite()
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights = [bl.tl.make_layer_weights(shape, gen, device) for _ in range(args.layers)]
+    stream = torch.cuda.current_stream()
+    rows = []
+    for b in args.batch:
+        for s_k in args.s_k:
+            step = bl.tl.make_step(shape, [s_k] * b, args.layers, gen, device,
+                                   page_size=args.page)
+            for fmt in args.formats:
+                caches = (step.caches if fmt == "bf16"
+                          else [bl.in_format(c, fmt) for c in step.caches])
+                output = torch.empty_like(step.hidden)
+                errors = bl.kf.new_error_buffer(step.hidden)
+                with bl.fused_graph(shape, weights, caches, step, fmt, output, errors) as graph:
+                    launch = lambda: graph.launch(stream=stream)  # noqa: E731
+                    t = dec.time_unit(launch, args.layers, args.replays, use_graph=False)
+                    buf.zero_()
+                    launch()
+                    torch.cuda.synchronize()
+                    _, s = read_stamps(buf, origin="first")
+                title = (f"V2-Lite layer {fmt} b {b} s_k {s_k} page {args.page}, "
+                         f"{args.layers} layers (the last one's launches, us per layer)")
+                print(format_summary(title, s, t["us"]), flush=True)
+                rows.append({"model": "v2_lite", "format": fmt, "b": b, "s_k": s_k,
+                             "page": args.page, "layers": args.layers, "us_per_layer": t["us"],
+                             "events": s})
+                del caches
+            del step
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    # The library reads the address once, at its first call: set it before any.
+    buf = torch.zeros(BUFFER_WORDS, dtype=torch.int64, device="cuda")
+    os.environ["KF_TIMELINE_BUFFER"] = f"{buf.data_ptr():x}"
+    import kernelflow as kf
+
+    rows = layer_rows(args, buf, torch) if args.layer else decode_rows(args, buf, torch, kf)
     if args.json:
-        doc = {"what": "per-block event stamps of one decode + combine call "
-                       "(python -m kernelflow.bench.timeline)",
+        what = ("per-block event stamps of the last layer of a fused layer graph"
+                if args.layer else "per-block event stamps of one decode + combine call")
+        unit = ("us from the last layer's first launch entry" if args.layer
+                else "us from the call's first decode block entry")
+        doc = {"what": what + " (python -m kernelflow.bench.timeline)",
                "gpu": torch.cuda.get_device_name(0),
                "date": datetime.date.today().isoformat(), "host": platform.node(),
                "command": "python3 -m kernelflow.bench.timeline " + " ".join(
                    sys.argv[1:] if argv is None else argv),
-               "unit": "us from the call's first decode block entry", "rows": rows}
+               "unit": unit, "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
