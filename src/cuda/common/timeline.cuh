@@ -1,8 +1,8 @@
 // Per-block event stamps for the timeline build (CMake -DKF_TIMELINE=ON, which defines
 // KF_TIMELINE=1): thread 0 of each block of the decode kernels, the combine and the fused
-// layer's GEMM and prologue launches records the
-// global timer (%globaltimer, ns) at the events below into the buffer whose device address the
-// KF_TIMELINE_BUFFER switch gives (switches.h; MlaDecodeParams::timeline). Kernels stamp through
+// layer's GEMM and prologue launches records the global timer (%globaltimer, ns) at the events
+// below into the buffer whose device address the KF_TIMELINE_BUFFER switch gives (switches.h;
+// MlaDecodeParams::timeline, GemmLaunch::timeline). Kernels stamp through
 // KF_TIMELINE_STAMP / KF_TIMELINE_PIECES (below), which other builds expand to nothing, so their
 // code is the same as without the stamps; the field stays null there. python -m
 // kernelflow.bench.timeline reads the buffer and prints where a call's time goes.
