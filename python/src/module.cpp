@@ -34,6 +34,18 @@ void check(kf_status status, const char* what) {
   throw nb::python_error();
 }
 
+// A C API call made with the GIL released (it may launch work, compute on the CPU backend or
+// query the CUDA driver), then checked as check() does.
+template <class Call>
+void check_unlocked(const char* what, Call&& call) {
+  kf_status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = call();
+  }
+  check(st, what);
+}
+
 kf_kv_format as_format(int kv_format) {
   if (kv_format < KF_KV_BF16 || kv_format > KF_KV_INT8)
     throw nb::value_error(("kv_format: expected 0..3 (bf16, fp16, fp8_e4m3, int8), got " +
@@ -58,16 +70,15 @@ size_t cache_bytes_per_page(int kv_format, int page_size) {
 // batch 0: for any batch (kf_mla_default_num_workers_for_format), else for that batch.
 int default_num_workers(int device_id, int h_q, int s_q, int kv_format, int batch) {
   int n = 0;
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;  // may query the CUDA driver
-    st = batch == 0 ? kf_mla_default_num_workers_for_format(device_id, h_q, s_q,
-                                                           as_format(kv_format), &n)
-                    : kf_mla_default_num_workers_for_batch(device_id, h_q, s_q,
-                                                           as_format(kv_format), batch, &n);
-  }
-  check(st, batch == 0 ? "kf_mla_default_num_workers_for_format"
-                       : "kf_mla_default_num_workers_for_batch");
+  const kf_kv_format fmt = as_format(kv_format);
+  if (batch == 0)
+    check_unlocked("kf_mla_default_num_workers_for_format", [&] {
+      return kf_mla_default_num_workers_for_format(device_id, h_q, s_q, fmt, &n);
+    });
+  else
+    check_unlocked("kf_mla_default_num_workers_for_batch", [&] {
+      return kf_mla_default_num_workers_for_batch(device_id, h_q, s_q, fmt, batch, &n);
+    });
   return n;
 }
 
@@ -88,13 +99,10 @@ void mla_metadata(nb::handle cache_seqlens, int h_q, int s_q, int num_workers, i
   const kf_kv_format fmt = as_format(kv_format);
   Tensor seqlens = as_input(cache_seqlens, "cache_seqlens");
   Tensor meta = as_output(metadata, "metadata");
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;
-    st = kf_mla_metadata_for_format(seqlens.in(), h_q, s_q, num_workers, fmt, meta.out(),
-                                    as_stream(stream));
-  }
-  check(st, "kf_mla_metadata_for_format");
+  check_unlocked("kf_mla_metadata_for_format", [&] {
+    return kf_mla_metadata_for_format(seqlens.in(), h_q, s_q, num_workers, fmt, meta.out(),
+                                      as_stream(stream));
+  });
 }
 
 void mla_decode(nb::handle q, nb::handle kv_cache, int kv_format, nb::handle block_table,
@@ -111,13 +119,10 @@ void mla_decode(nb::handle q, nb::handle kv_cache, int kv_format, nb::handle blo
   Tensor lse_t = as_output(lse, "lse");
   Tensor ws_t = as_output(workspace, "workspace", /*optional=*/true);
   Tensor eb_t = as_output(error_buffer, "error_buffer", /*optional=*/true);
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;
-    st = kf_mla_decode(q_t.in(), kv_t.in(), fmt, bt_t.in(), sl_t.in(), md_t.in(), softmax_scale,
-                       out_t.out(), lse_t.out(), ws_t.out(), eb_t.out(), as_stream(stream));
-  }
-  check(st, "kf_mla_decode");
+  check_unlocked("kf_mla_decode", [&] {
+    return kf_mla_decode(q_t.in(), kv_t.in(), fmt, bt_t.in(), sl_t.in(), md_t.in(), softmax_scale,
+                         out_t.out(), lse_t.out(), ws_t.out(), eb_t.out(), as_stream(stream));
+  });
 }
 
 void cache_append(nb::handle kv, nb::handle kv_cache, int kv_format, nb::handle slot_mapping,
@@ -127,25 +132,18 @@ void cache_append(nb::handle kv, nb::handle kv_cache, int kv_format, nb::handle 
   Tensor cache_t = as_output(kv_cache, "kv_cache");
   Tensor slots_t = as_input(slot_mapping, "slot_mapping");
   Tensor eb_t = as_output(error_buffer, "error_buffer", /*optional=*/true);
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;
-    st = kf_cache_append(kv_t.in(), cache_t.out(), fmt, slots_t.in(), eb_t.out(),
-                         as_stream(stream));
-  }
-  check(st, "kf_cache_append");
+  check_unlocked("kf_cache_append", [&] {
+    return kf_cache_append(kv_t.in(), cache_t.out(), fmt, slots_t.in(), eb_t.out(),
+                           as_stream(stream));
+  });
 }
 
 void cache_convert(nb::handle src, nb::handle dst, int kv_format, uintptr_t stream) {
   const kf_kv_format fmt = as_format(kv_format);
   Tensor src_t = as_input(src, "src");
   Tensor dst_t = as_output(dst, "dst");
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;
-    st = kf_cache_convert(src_t.in(), dst_t.out(), fmt, as_stream(stream));
-  }
-  check(st, "kf_cache_convert");
+  check_unlocked("kf_cache_convert",
+                 [&] { return kf_cache_convert(src_t.in(), dst_t.out(), fmt, as_stream(stream)); });
 }
 
 size_t linear_workspace_size(int m, int n, int k) {
@@ -160,12 +158,9 @@ void linear(nb::handle x, nb::handle weight, nb::handle out, nb::handle workspac
   Tensor w_t = as_input(weight, "weight");
   Tensor out_t = as_output(out, "out");
   Tensor ws_t = as_output(workspace, "workspace", /*optional=*/true);
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;
-    st = kf_linear(x_t.in(), w_t.in(), out_t.out(), ws_t.out(), as_stream(stream));
-  }
-  check(st, "kf_linear");
+  check_unlocked("kf_linear", [&] {
+    return kf_linear(x_t.in(), w_t.in(), out_t.out(), ws_t.out(), as_stream(stream));
+  });
 }
 
 int cuda_device_count() {
@@ -214,12 +209,9 @@ class LayerGraph {
 
   void launch(uintptr_t stream) {
     kf_layer_graph* graph = open();
-    kf_status st;
-    {
-      nb::gil_scoped_release unlocked;  // the CPU backend computes the layers here
-      st = kf_layer_graph_launch(graph, as_stream(stream));
-    }
-    check(st, "kf_layer_graph_launch");
+    // The CPU backend computes the layers here.
+    check_unlocked("kf_layer_graph_launch",
+                   [&] { return kf_layer_graph_launch(graph, as_stream(stream)); });
   }
   int kernel_nodes() {
     int nodes = 0;
@@ -276,25 +268,19 @@ LayerGraph* layer_graph_create(const nb::dict& config, const nb::list& weights,
   const kf_layer_io io{hidden_t.in(),  output_t.out(), positions_t.in(), seqlens_t.in(),
                        table_t.in(),   cos_sin_t.in(), error_t.out()};
   kf_layer_graph* graph = nullptr;
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;  // a CUDA graph is captured and instantiated here
-    st = kf_layer_graph_create(&cfg, layers.data(), num_layers, &io, batch, num_workers,
-                               workspace_t.out(), &graph);
-  }
-  check(st, "kf_layer_graph_create");
+  check_unlocked("kf_layer_graph_create", [&] {  // a CUDA graph is captured and instantiated
+    return kf_layer_graph_create(&cfg, layers.data(), num_layers, &io, batch, num_workers,
+                                 workspace_t.out(), &graph);
+  });
   return new LayerGraph(graph);
 }
 
 size_t layer_workspace_size(const nb::dict& config, int batch, int num_workers, int device_id) {
   const kf_layer_config cfg = layer_config(config);
   size_t bytes = 0;
-  kf_status st;
-  {
-    nb::gil_scoped_release unlocked;  // may query the CUDA driver for the default worker count
-    st = kf_layer_workspace_size(&cfg, batch, num_workers, device_id, &bytes);
-  }
-  check(st, "kf_layer_workspace_size");
+  check_unlocked("kf_layer_workspace_size", [&] {  // may query the driver for the worker count
+    return kf_layer_workspace_size(&cfg, batch, num_workers, device_id, &bytes);
+  });
   return bytes;
 }
 
