@@ -331,11 +331,18 @@ class KernelFlowRunner(Runner):
         self.lse = torch.empty(p.b, p.h_q, p.s_q, dtype=torch.float32, device=DEVICE)
 
     def call(self, p: Problem, i: int):
-        kw = {"out": self.out, "lse": self.lse}
-        if self.ws is not None:
-            kw["workspace"] = self.ws
-        return self.kf.mla_decode(p.qs[i], p.kv, p.block_tables[i], p.seqlens, self.md, SCALE,
-                                  **kw)
+        return self.format_call(p, p.kv, None)(i)
+
+    def format_call(self, p: Problem, kv, kv_format_code):
+        """call(i): the decode of cache copy i over `kv`, a cache in the format prepare() was
+        given (kv_format_code: None for the 16-bit cache, else the format's name)."""
+        def call(i):
+            kw = {"out": self.out, "lse": self.lse}
+            if self.ws is not None:
+                kw["workspace"] = self.ws
+            return self.kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens, self.md, SCALE,
+                                      kv_format=kv_format_code, **kw)
+        return call
 
     def check(self, p: Problem):
         self.out.fill_(float("nan"))
@@ -544,14 +551,7 @@ def run_formats(args, pk, dtype, rotate_bytes) -> dict:
                 runner = KernelFlowRunner(kf, getattr(args, "workers", None))
                 runner.prepare(p, kv_format=fmt)
                 row["workers"] = runner.num_workers
-                md = runner.md
-
-                def call(i, kv=kv, code=code, md=md, runner=runner):
-                    kw = {"out": runner.out, "lse": runner.lse}
-                    if runner.ws is not None:
-                        kw["workspace"] = runner.ws
-                    return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens,
-                                         md, SCALE, kv_format=code, **kw)
+                call = runner.format_call(p, kv, code)
 
                 runner.out.fill_(float("nan"))
                 call(0)

@@ -177,15 +177,7 @@ def decode_rows(args, buf, torch, kf) -> list:
                     r = dec.KernelFlowRunner(kf, args.workers)
                     r.prepare(p, kv_format=fmt)
                     kv = kf.convert_cache(p.kv, kv_format=fmt) if fmt != "bf16" else p.kv
-                    code = fmt if fmt != "bf16" else None
-
-                    def call(i, kv=kv, code=code, r=r, p=p):
-                        kw = {"out": r.out, "lse": r.lse}
-                        if r.ws is not None:
-                            kw["workspace"] = r.ws
-                        return kf.mla_decode(p.qs[i], kv, p.block_tables[i], p.seqlens, r.md,
-                                             dec.SCALE, kv_format=code, **kw)
-
+                    call = r.format_call(p, kv, fmt if fmt != "bf16" else None)
                     unit = lambda: [call(i) for i in range(p.copies)]  # noqa: E731
                     t = dec.time_unit(unit, p.copies, args.replays)
                     graph = torch.cuda.CUDAGraph()
