@@ -66,3 +66,21 @@ def test_a_layer_reads_from_its_first_launch_and_lists_the_launches_it_ran():
     assert "gemm_o" not in s and "q_absorb" not in s  # no stamps: not listed
     assert "gemm_proj" not in tl.summarize(words)  # before the decode's entry: not counted
     assert "| gemm_proj | first_epilogue | 1 | 3.00 |" in tl.format_summary("layer", s, 30.0)
+
+
+def test_a_gemm_blocks_epilogue_slots_are_named_for_it():
+    t0 = 7_000_000_000
+    gemm = {0: {0: t0, 1: t0 + 800, 3: t0 + 1500, 4: t0 + 3000, 2: t0 + 3600, 5: t0 + 4100,
+                6: t0 + 4200}}
+    words = buffer({0: {0: t0 + 9000, 2: t0 + 9400, 6: t0 + 20000}}, {}, gemm)
+    s = tl.summarize(words, origin="first")
+    assert s["gemm_proj"]["partials"]["max"] == 3.6 and s["gemm_proj"]["stored"]["max"] == 4.1
+    assert "pieces" not in s["gemm_proj"] and "last_epilogue" not in s["gemm_proj"]
+    assert s["decode"]["pieces"]["max"] == 9.4  # the decode's slot 2 keeps its own name
+    text = tl.format_summary("layer", s, 30.0).splitlines()
+    gemm_rows = [line.split(" | ")[1] for line in text if line.startswith("| gemm_proj")]
+    assert gemm_rows == ["entry", "waited", "first_tile", "first_epilogue", "partials", "stored",
+                         "exit"]
+    src = open(__file__.replace("tests/test_bench_timeline.py",
+                                "src/cuda/common/timeline.cuh")).read()
+    assert "kTlGemmPartials = kTlPieces;" in src and "kTlGemmStored = kTlLastEpi;" in src

@@ -23,7 +23,8 @@ and per decode block the number of pieces it ran. Combine blocks stamp entry, wa
 With --layer the fused DeepSeek-V2-Lite layer graph runs instead, and every launch of its last
 layer is read (the projections, the query absorption with the prologue, the decode, the combine,
 the output absorption and W_o; a GEMM block stamps its entry, its wait, its first stage, its
-epilogue and its exit), from that layer's first entry, beside the time per layer.
+epilogue, its tile's split partials in place (partials), its share of the output stored (stored)
+and its exit), from that layer's first entry, beside the time per layer.
 In any other build the stamps stay zero and this module says so.
 """
 from __future__ import annotations
@@ -44,6 +45,19 @@ EVENTS_PER_BLOCK = 8
 EVENTS = ("entry", "waited", "pieces", "first_tile", "first_epilogue", "last_epilogue", "exit")
 PIECES_SLOT = 7  # a decode block's piece count | its SM << 32, not a time
 BUFFER_WORDS = len(KERNELS) * MAX_BLOCKS * EVENTS_PER_BLOCK
+# A GEMM block (the layer's launches, kf_linear) stamps two steps of its epilogue in slots a
+# decode block uses for other events: its tile's split partials in place ("partials", the piece
+# list's slot) and its share of Y stored ("stored", the last epilogue's slot; timeline.cuh's
+# kTlGemmPartials and kTlGemmStored). Listed in the order they happen.
+GEMM_EVENTS = (("entry", 0), ("waited", 1), ("first_tile", 3), ("first_epilogue", 4),
+               ("partials", 2), ("stored", 5), ("exit", 6))
+
+
+def kernel_events(kernel: str) -> tuple:
+    """(name, slot) of the events a kernel's blocks stamp, in the order they happen."""
+    if kernel in ("decode", "combine"):
+        return tuple((name, slot) for slot, name in enumerate(EVENTS))
+    return GEMM_EVENTS
 
 
 def spread(values: list) -> dict:
@@ -74,7 +88,7 @@ def summarize(words, origin: str = "decode") -> dict:
     out = {}
     for k, name in enumerate(KERNELS):
         per_event = {}
-        for e, ev in enumerate(EVENTS):
+        for ev, e in kernel_events(name):
             vals = [(slot(k, b, e) - t0) / 1e3 for b in range(MAX_BLOCKS) if slot(k, b, e) >= t0]
             if vals:
                 per_event[ev] = spread(vals)
@@ -112,7 +126,7 @@ def format_summary(title: str, s: dict, us_per_call: float) -> str:
              "| kernel | event | blocks | min us | median us | max us |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name in [k for k in KERNELS if k in s]:
-        for ev in EVENTS:
+        for ev, _ in kernel_events(name):
             r = s.get(name, {}).get(ev)
             if r:
                 lines.append(f"| {name} | {ev} | {r['n']} | {r['min']:.2f} | {r['median']:.2f} | "

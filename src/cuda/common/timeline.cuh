@@ -36,7 +36,9 @@ constexpr int kTimelineEvents = 8;
 
 // The events (kernelflow/bench/timeline.py names them in the same order). A GEMM block stamps
 // entry, waited, first_tile (its first stage of weights and X landed), first_epilogue (its ring
-// drained, the epilogue begins) and exit; the prologue's blocks entry, waited and exit.
+// drained, the epilogue begins), two steps of its epilogue in slots a decode block uses for
+// other events (kTlGemmPartials, kTlGemmStored below) and exit; the prologue's blocks entry,
+// waited and exit.
 enum TimelineEvent {
   kTlEntry = 0,       // the block's first instruction
   kTlWaited = 1,      // past the dependency wait (and, for a decode, the metadata check)
@@ -47,6 +49,12 @@ enum TimelineEvent {
   kTlExit = 6,        // the block's last instruction (before it lets dependents launch)
   kTlPiecesDone = 7,  // decode: pieces the block ran | the SM it ran on << 32 (not a time)
 };
+// A GEMM block's epilogue (timeline.py calls them "partials" and "stored"): every split's partial
+// of its tile in place (past the cluster barrier; where the splits are added in global memory,
+// the tile's last block once it has seen the others arrive) and its share of Y stored (the
+// unsplit tile, the cluster block's part of the sum, or the last block's whole sum).
+constexpr int kTlGemmPartials = kTlPieces;
+constexpr int kTlGemmStored = kTlLastEpi;
 
 __device__ __forceinline__ void timeline_record(uint64_t* buf, int kernel, int event,
                                                 uint64_t value) {

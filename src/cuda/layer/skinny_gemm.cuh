@@ -256,14 +256,17 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
         const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
         if (row < m && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
       }
+    KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
     return;
   }
   const int64_t tile_floats = int64_t(m) * kLayerGemmTileN;
   float* tile_base = g.scratch + int64_t(tile) * g.splits * tile_floats;
   store_partial_tile<MT>(tile_base + split * tile_floats, kLayerGemmTileN, m, acc, warp, lane);
   if (!gemm_last_arrival(g.counters + tile, g.splits)) return;
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmPartials, threadIdx.x);
   __threadfence();
   gemm_reduce_tile<(MT >= 4 ? 16 : 1)>(g, op, tile_base, tile_floats, n0);
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
   if (threadIdx.x == 0) g.counters[tile] = 0;
 }
 
@@ -286,6 +289,7 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
   store_partial_tile<MT>(part, kClusterPartStride, m, acc, warp, lane);
   cluster_arrive_release();  // every split's partial is in place ...
   cluster_wait();            // ... once all have arrived
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmPartials, threadIdx.x);
   const int splits = g.splits;
   const int groups = m * (kLayerGemmTileN / 4);
   for (int q = split * kGemmThreads + threadIdx.x; q < groups; q += splits * kGemmThreads) {
@@ -309,6 +313,7 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
     for (int u = 0; u < 4; ++u)
       if (n0 + c + u < op.n_cols) y[u] = float_to_bf16(sum[u]);
   }
+  KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
   // No block leaves while another may still read its shared memory; this block's reads have
   // returned (their values are in the sums), so the arrival need not order memory.
   cluster_arrive_relaxed();
