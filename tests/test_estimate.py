@@ -1,7 +1,8 @@
 """The Ampere estimate (kernelflow.estimate): the SASS parser, the tile-loop finder and the pipe
 counts on a small captured-format snippet, the bound model on hand-computed cases, and an
-end-to-end run on the built library's sm_86 SASS. The end-to-end test skips when cuobjdump or
-sm_86 code is missing, unless KF_REQUIRE_RESOURCE_CHECK=1 (CI sets it): then it fails."""
+end-to-end run on the built library's sm_86 SASS. The end-to-end test skips when cuobjdump,
+nvdisasm or sm_86 code is missing, unless KF_REQUIRE_RESOURCE_CHECK=1 (CI sets it): then it
+fails."""
 import numpy as np
 import pytest
 
@@ -193,6 +194,9 @@ def sm86_estimate():
         _missing("libkernelflow not found (set KF_LIBRARY or build the package)")
     if sass.find_cuobjdump() is None:
         _missing("cuobjdump not found (CUDA toolkit or pip nvidia-cuda-cuobjdump)")
+    if sass.find_nvdisasm() is None:
+        _missing("nvdisasm, which cuobjdump -sass runs, not found (CUDA toolkit or pip "
+                 "nvidia-cuda-nvdisasm)")
     shapes = [(h, b, 4096, f) for f in ("bf16", "fp8_e4m3") for h in (16, 128) for b in (1, 64)]
     try:
         return estimate.run_estimate(library, ("rtx3090",), shapes)

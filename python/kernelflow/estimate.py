@@ -259,7 +259,7 @@ def run_estimate(library=None, gpus=tuple(GPUS), shapes=None, results_dir=None, 
     cuobjdump = cuobjdump or sass.find_cuobjdump()
     if not cuobjdump:
         raise FileNotFoundError("cuobjdump not found (CUDA toolkit, or pip install "
-                                "nvidia-cuda-cuobjdump)")
+                                "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     shapes = shapes or default_shapes()
     archs = {GPUS[g].sass for g in gpus} | {"sm_90"}
     kernels, notes = {}, []

@@ -15,22 +15,33 @@ import subprocess
 from dataclasses import dataclass
 
 
-def find_cuobjdump():
-    """Path of cuobjdump: PATH, then $CUDA_HOME / $CUDA_PATH / /usr/local/cuda, then the pip wheel
-    nvidia-cuda-cuobjdump (nvidia/cu*/bin); None when none is found."""
-    found = shutil.which("cuobjdump")
+def find_cuda_tool(name):
+    """Path of a CUDA binary tool (cuobjdump, nvdisasm): PATH, then $CUDA_HOME / $CUDA_PATH /
+    /usr/local/cuda, then the pip wheel nvidia-cuda-<name> (nvidia/cu*/bin); None when none is
+    found."""
+    found = shutil.which(name)
     if found:
         return found
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.path.isfile(os.path.join(root, "bin", "cuobjdump")):
-            return os.path.join(root, "bin", "cuobjdump")
+        if root and os.path.isfile(os.path.join(root, "bin", name)):
+            return os.path.join(root, "bin", name)
     spec = importlib.util.find_spec("nvidia")
     if spec is not None and spec.submodule_search_locations:
         for d in spec.submodule_search_locations:
-            hits = sorted(glob.glob(os.path.join(d, "cu*", "bin", "cuobjdump")))
+            hits = sorted(glob.glob(os.path.join(d, "cu*", "bin", name)))
             if hits:
                 return hits[-1]
     return None
+
+
+def find_cuobjdump():
+    """Path of cuobjdump (find_cuda_tool), or None."""
+    return find_cuda_tool("cuobjdump")
+
+
+def find_nvdisasm():
+    """Path of nvdisasm, which `cuobjdump -sass` runs (find_cuda_tool), or None."""
+    return find_cuda_tool("nvdisasm")
 
 
 def demangle(names):
@@ -106,9 +117,15 @@ def parse_sass(text):
 
 
 def dump_sass(cuobjdump, binary, arch, names):
-    """The SASS of the named kernels (mangled) for one architecture ('sm_86'), parsed."""
+    """The SASS of the named kernels (mangled) for one architecture ('sm_86'), parsed. cuobjdump
+    disassembles with nvdisasm, which it looks for on PATH or in NVDISASM_PATH: the folder of
+    find_nvdisasm's answer is passed as NVDISASM_PATH (a pip wheel's bin folder is not on PATH)."""
+    env = dict(os.environ)
+    nvdisasm = find_nvdisasm()
+    if nvdisasm and "NVDISASM_PATH" not in env:
+        env["NVDISASM_PATH"] = os.path.dirname(nvdisasm)
     run = subprocess.run([cuobjdump, "-sass", "-arch", arch, "-fun", ",".join(names), binary],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     # cuobjdump warns for each cubin that lacks a listed kernel; only a failure matters.
     if run.returncode != 0:
         raise FileNotFoundError(f"cuobjdump -sass failed on {binary}: {run.stderr.strip()[:300]}")
