@@ -314,10 +314,34 @@ def test_ncu_csv_parsing():
     assert profile.parse_ncu_csv("no csv here") == {}
 
 
+def test_ncu_command_for_a_layer_kernel():
+    args = profile.build_parser().parse_args(["layer-kernel", "--kernel", "regex:q_absorb",
+                                              "--batch", "64", "--layers", "9"])
+    cmd = profile.ncu_command(args, "/opt/ncu", python="/usr/bin/python3")
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:q_absorb"
+    # the middle layer of the last of WARMUPS + 1 graph launches, the caches not flushed
+    assert cmd[cmd.index("--launch-skip") + 1] == str(profile.WARMUPS * 9 + 4)
+    assert cmd[cmd.index("--cache-control") + 1] == "none"
+    assert cmd[cmd.index("/usr/bin/python3"):] == [
+        "/usr/bin/python3", "-m", "kernelflow.bench.profile", "run-layer", "--batch", "64",
+        "--layers", "9", "--s-k", "4096", "--format", "bf16"]
+    args = profile.build_parser().parse_args(["layer-kernel", "--kernel", "regex:skinny_gemm",
+                                              "--skip", "7", "--stalls", "20"])
+    record, export = profile.stalls_commands(args, "/opt/ncu", "/tmp/r", python="/usr/bin/python3")
+    assert record[record.index("--launch-skip") + 1] == "7" and "WarpStateStats" in record
+    assert export[:3] == ["/opt/ncu", "-i", "/tmp/r.ncu-rep"]
+    assert "after 7 launches matching regex:skinny_gemm" in profile.describe(args)
+    assert profile.ncu_env(args)["KF_NVTX"] == "1"  # no --family here: the environment's
+
+
 def test_profile_print_command_needs_no_gpu(capsys):
     assert profile.main(["decode", "--print-command", "--ncu", "ncu"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("ncu --target-processes all") and "run-one" in line
+    assert profile.main(["layer-kernel", "--kernel", "regex:q_absorb", "--print-command",
+                         "--ncu", "ncu"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("ncu --target-processes all") and "run-layer" in line
 
 
 def test_a_failing_section_is_recorded_and_the_others_run(tmp_path, capsys):

@@ -5,6 +5,7 @@ count of the layer graph.
     python -m kernelflow profile decode --family sm80 --print-command   # the ncu line, not run
     python -m kernelflow profile decode --h-q 128 --batch 64 --stalls 30  # where the warps wait
     python -m kernelflow profile layer --batch 64 --layers 27           # kernel nodes per layer
+    python -m kernelflow profile layer-kernel --kernel regex:q_absorb --batch 64 --stalls 30
 
 decode: runs this module again as ncu's target (`run-one`: the decode of that configuration a
 few times, KF_NVTX=1 so the C API's ranges show) with ncu measuring the decode kernel's launch
@@ -20,6 +21,15 @@ and the N hottest SASS instructions with their main reasons (kernelflow.bench.st
 layer: builds a kernelflow.DecodeGraph of --layers DeepSeek-V2-Lite layers and checks its
 kernel nodes per layer (DecodeGraph.kernel_nodes / layers, the once-per-step metadata node
 included) against issue 14's bound of 8; exit status 1 above it.
+
+layer-kernel: one launch of a fused-layer kernel under Nsight Compute, the same metrics or stall
+samples as decode: the target process (`run-layer`) launches the --layers graph WARMUPS + 1
+times, and ncu takes the launch of the kernels matching --kernel that --skip says (by default
+the middle layer of the last graph launch, for a name that matches one launch per layer; the
+layer's launches and their kernel names: src/cuda/layer/layer_graph.cu). ncu runs the graph's
+kernels one at a time, so the profiled launch does not overlap its neighbours as it does in the
+graph; the caches are left as the launches before it left them (--cache-control none), not
+flushed.
 """
 from __future__ import annotations
 
@@ -53,7 +63,7 @@ METRICS = {
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "cycles with an issue (% per scheduler)",
 }
 DECODE_KERNEL = "regex:mla_decode"  # the decode kernels of every family, not the combine
-WARMUPS = 2  # decode launches before the profiled one
+WARMUPS = 2  # decode launches (or layer graph launches) before the profiled one
 FORMATS = ("bf16", "fp8_e4m3", "int8")
 
 
@@ -83,39 +93,69 @@ def build_parser() -> argparse.ArgumentParser:
                      "(ncu's WarpStateStats and SourceCounters sections, kernelflow.bench.stalls): "
                      "the reasons' shares and the N hottest instructions")
     lay = sub.add_parser("layer", help="kernel nodes per layer of the fused layer graph (<= 8)")
-    lay.add_argument("--batch", type=int, default=64, help="requests (default 64)")
-    lay.add_argument("--layers", type=int, default=27, help="V2-Lite layers (default 27)")
-    lay.add_argument("--s-k", type=int, default=4096, help="cache length (default 4096)")
-    lay.add_argument("--format", choices=FORMATS, default="bf16", help="cache format (bf16)")
+    add_layer_arguments(lay)
+    lk = sub.add_parser("layer-kernel", help="one launch of a fused-layer kernel under Nsight "
+                        "Compute")
+    add_layer_arguments(lk)
+    lk.add_argument("--kernel", required=True,
+                    help="ncu --kernel-name filter, e.g. regex:q_absorb (the absorption and "
+                    "prologue), regex:skinny_gemm, regex:mla_decode, regex:combine")
+    lk.add_argument("--skip", type=int, default=None,
+                    help="matching launches to skip (default: WARMUPS x layers + layers // 2, the "
+                    "middle layer of the last graph launch for a name matched once per layer)")
+    lk.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
+    lk.add_argument("--print-command", action="store_true",
+                    help="print the ncu command line and exit without running it")
+    lk.add_argument("--stalls", type=int, default=0, metavar="N",
+                    help="instead of the metrics: the warp-stall samples (as decode --stalls)")
     one = sub.add_parser("run-one", help="(internal) the process ncu profiles")
     add_config_arguments(one)
+    run_layer = sub.add_parser("run-layer", help="(internal) the process ncu profiles")
+    add_layer_arguments(run_layer)
     return ap
+
+
+def add_layer_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--batch", type=int, default=64, help="requests (default 64)")
+    ap.add_argument("--layers", type=int, default=27, help="V2-Lite layers (default 27)")
+    ap.add_argument("--s-k", type=int, default=4096, help="cache length (default 4096)")
+    ap.add_argument("--format", choices=FORMATS, default="bf16", help="cache format (bf16)")
 
 
 # ---- decode under ncu ---------------------------------------------------------------------------
 
 def target_argv(args) -> list:
-    """The profiled process: this module's run-one with the configuration."""
+    """The profiled process: this module's run-one (decode) or run-layer (layer-kernel) with
+    the configuration."""
+    if args.what == "layer-kernel":
+        return ["-m", "kernelflow.bench.profile", "run-layer", "--batch", str(args.batch),
+                "--layers", str(args.layers), "--s-k", str(args.s_k), "--format", args.format]
     return ["-m", "kernelflow.bench.profile", "run-one", "--h-q", str(args.h_q), "--batch",
             str(args.batch), "--s-k", str(args.s_k), "--format", args.format, "--page",
             str(args.page)]
 
 
+def launch_options(args) -> list:
+    """Which launch ncu takes (and, for a layer kernel, the caches left as they were)."""
+    if args.what == "layer-kernel":
+        skip = args.skip if args.skip is not None else WARMUPS * args.layers + args.layers // 2
+        return ["--launch-skip", str(skip), "--launch-count", "1", "--cache-control", "none"]
+    return ["--launch-skip", str(WARMUPS), "--launch-count", "1"]
+
+
 def ncu_command(args, ncu: str = "ncu", metrics=None, python: str = sys.executable) -> list:
-    """ncu measuring the (WARMUPS+1)-th launch of the kernels matching args.kernel, as CSV."""
+    """ncu measuring one launch of the kernels matching args.kernel (launch_options), as CSV."""
     metrics = list(METRICS) if metrics is None else list(metrics)
-    return [ncu, "--target-processes", "all", "--kernel-name", args.kernel, "--launch-skip",
-            str(WARMUPS), "--launch-count", "1", "--metrics", ",".join(metrics), "--csv",
-            "--page", "raw", python, *target_argv(args)]
+    return [ncu, "--target-processes", "all", "--kernel-name", args.kernel, *launch_options(args),
+            "--metrics", ",".join(metrics), "--csv", "--page", "raw", python, *target_argv(args)]
 
 
 def stalls_commands(args, ncu: str, report: str, python: str = sys.executable) -> tuple:
     """(ncu recording the stall samples of the same launch into report.ncu-rep, ncu printing
     that report's source page as CSV)."""
-    record = [ncu, "--target-processes", "all", "--kernel-name", args.kernel, "--launch-skip",
-              str(WARMUPS), "--launch-count", "1", "--section", "WarpStateStats", "--section",
-              "SourceCounters", "--import-source", "no", "-f", "-o", report, python,
-              *target_argv(args)]
+    record = [ncu, "--target-processes", "all", "--kernel-name", args.kernel,
+              *launch_options(args), "--section", "WarpStateStats", "--section", "SourceCounters",
+              "--import-source", "no", "-f", "-o", report, python, *target_argv(args)]
     export = [ncu, "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source",
               "sass"]
     return record, export
@@ -136,15 +176,24 @@ def profile_stalls(args, ncu: str) -> int:
             print(res.stdout[-2000:] + res.stderr[-2000:] + page.stderr[-2000:])
             print(f"ncu gave no stall samples for {args.kernel}: {e}")
             return 1
-    print(f"decode h_q {args.h_q}, b {args.batch}, s_k {args.s_k}, {args.format} cache, family "
-          f"{args.family}: launch {WARMUPS + 1} of the decode kernel")
+    print(describe(args))
     print("\n".join(stalls.summary_lines(summary)))
     return 0
 
 
+def describe(args) -> str:
+    """The profiled launch in words."""
+    if args.what == "layer-kernel":
+        skip = launch_options(args)[1]
+        return (f"layer graph of {args.layers} V2-Lite layers, b {args.batch}, s_k {args.s_k}, "
+                f"{args.format} cache: the launch after {skip} launches matching {args.kernel}")
+    return (f"decode h_q {args.h_q}, b {args.batch}, s_k {args.s_k}, {args.format} cache, family "
+            f"{args.family}: launch {WARMUPS + 1} of the decode kernel")
+
+
 def ncu_env(args) -> dict:
     env = dict(os.environ, KF_NVTX="1")
-    if args.family != "auto":
+    if getattr(args, "family", "auto") != "auto":
         env["KF_KERNEL_FAMILY"] = args.family
     return env
 
@@ -218,8 +267,7 @@ def profile_decode(args) -> int:
         print(res.stdout[-3000:] + res.stderr[-3000:])
         print(f"ncu exited {res.returncode} without a profiled kernel matching {args.kernel}")
         return 1
-    print(f"decode h_q {args.h_q}, b {args.batch}, s_k {args.s_k}, {args.format} cache, family "
-          f"{args.family}: launch {WARMUPS + 1} of the decode kernel")
+    print(describe(args))
     print_metrics(found, missing)
     return 0
 
@@ -242,9 +290,11 @@ def run_one(args) -> int:
     return 0
 
 
-# ---- the layer graph's kernel count ---------------------------------------------------------------
+# ---- the layer graph: its kernel count, and the process a layer kernel is profiled in -----------
 
-def layer_nodes(args) -> int:
+def layer_graph(args, use):
+    """use(graph) on a kernelflow.DecodeGraph of args.layers V2-Lite layers (the layer
+    benchmark's weights, caches and step), returning what use returns."""
     import torch
 
     import kernelflow as kf
@@ -260,7 +310,26 @@ def layer_nodes(args) -> int:
     output = torch.empty_like(step.hidden)
     with lay.fused_graph(shape, weights, caches, step, args.format, output,
                          kf.new_error_buffer(step.hidden)) as graph:
-        nodes = lay.kernel_nodes(graph)
+        return use(graph)
+
+
+def run_layer(args) -> int:
+    """The profiled process of layer-kernel: WARMUPS + 1 launches of the layer graph."""
+    import torch
+
+    def launches(graph):
+        for _ in range(WARMUPS + 1):
+            graph.launch()
+        torch.cuda.synchronize()
+
+    layer_graph(args, launches)
+    return 0
+
+
+def layer_nodes(args) -> int:
+    from kernelflow.bench import layer as lay
+
+    nodes = layer_graph(args, lay.kernel_nodes)
     per_layer = nodes / args.layers
     ok = per_layer <= lay.MAX_NODES_PER_LAYER
     print(f"layer graph, {args.layers} V2-Lite layers, b {args.batch}, {args.format} cache: "
@@ -273,14 +342,16 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.what == "run-one":
         return run_one(args)
+    if args.what == "run-layer":
+        return run_layer(args)
     from kernelflow.bench.cli import gpu_missing
 
-    if not (args.what == "decode" and args.print_command):
+    if not getattr(args, "print_command", False):
         why = gpu_missing()
         if why:
             print(why)
             return 1
-    return profile_decode(args) if args.what == "decode" else layer_nodes(args)
+    return layer_nodes(args) if args.what == "layer" else profile_decode(args)
 
 
 if __name__ == "__main__":
