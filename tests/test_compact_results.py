@@ -72,3 +72,18 @@ def test_a_timeline_run_keeps_summaries_and_reduces_the_block_rows():
     assert row["exit_by_pieces"] == {"1": {"n": 2, "min": 8.0, "median": 8.5, "max": 9.0},
                                      "2": {"n": 2, "min": 7.0, "median": 7.75, "max": 8.5}}
     assert row["sm_pair_exit_diff"] == {"n": 2, "min": 0.5, "median": 1.25, "max": 2.0}
+
+
+def test_a_layer_timeline_keeps_every_launch():
+    events = {"decode": {"exit": {"n": 264, "min": 83.4, "median": 94.03, "max": 97.47}},
+              "combine": {"exit": {"n": 256, "min": 99.5, "median": 100.5, "max": 100.99}},
+              "gemm_proj": {"stored": {"n": 228, "min": 12.4, "median": 15.744, "max": 16.5}},
+              "q_absorb": {"exit": {"n": 192, "min": 19.5, "median": 22.24, "max": 22.34}},
+              "pieces_per_block": {"n": 264, "min": 1, "median": 1.0, "max": 2}}
+    raw = {"what": "w", "gpu": "NVIDIA H200", "date": "2026-12-02", "command": "c", "unit": "us",
+           "rows": [{"model": "v2_lite", "format": "bf16", "b": 64, "s_k": 4096, "page": 64,
+                     "layers": 27, "us_per_layer": 109.19, "events": events}]}
+    (row,) = compact_results.timeline_run(raw, args(what=None))["rows"]
+    assert list(row["events"]) == ["decode", "combine", "gemm_proj", "q_absorb"]
+    assert row["events"]["gemm_proj"]["stored"]["median"] == 15.74
+    assert row["us_per_layer"] == 109.19 and row["pieces_per_block"]["max"] == 2

@@ -144,10 +144,12 @@ def timeline_row(row):
         if k in row:
             out[k] = round(row[k], 2)
     ev = row["events"]
+    # Every launch's events (decode and combine; with --layer also the GEMM and prologue
+    # launches), in the timeline's order; the piece counts separately below.
     out["events"] = {kernel: {name: {k: (round(v, 2) if isinstance(v, float) else v)
                                      for k, v in r.items()}
-                              for name, r in ev[kernel].items()}
-                     for kernel in ("decode", "combine") if kernel in ev}
+                              for name, r in events.items()}
+                     for kernel, events in ev.items() if kernel != "pieces_per_block"}
     if ev.get("pieces_per_block", {}).get("n"):
         out["pieces_per_block"] = ev["pieces_per_block"]
     raw = row.get("decode_blocks")
