@@ -122,7 +122,7 @@ def add_layer_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--format", choices=FORMATS, default="bf16", help="cache format (bf16)")
 
 
-# ---- decode under ncu ---------------------------------------------------------------------------
+# ---- one kernel launch under ncu: the decode, or a layer kernel --------------------------------
 
 def target_argv(args) -> list:
     """The profiled process: this module's run-one (decode) or run-layer (layer-kernel) with
@@ -244,7 +244,7 @@ def print_metrics(found: dict, missing: list) -> None:
         print(f"  {METRICS[metric]:52s} {'not listed by this ncu':>14s}            ({metric})")
 
 
-def profile_decode(args) -> int:
+def profile_kernel(args) -> int:
     ncu = args.ncu or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if args.print_command:
         if args.stalls:
@@ -351,7 +351,7 @@ def main(argv=None) -> int:
         if why:
             print(why)
             return 1
-    return layer_nodes(args) if args.what == "layer" else profile_decode(args)
+    return layer_nodes(args) if args.what == "layer" else profile_kernel(args)
 
 
 if __name__ == "__main__":
