@@ -40,30 +40,57 @@ __device__ __forceinline__ void rope_pair(float x0, float x1, float c, float s, 
   out[1] = float_to_bf16(x0 * s + x1 * c);
 }
 
-// The position to rotate by: positions[b], flagged and clamped into [0, max_position).
-__device__ __forceinline__ int prologue_position(const PrologueParams& p, int b) {
-  const int pos = p.positions[b];
-  if (pos >= 0 && pos < p.max_position) return pos;
-  if (threadIdx.x == 0) report_device_error(p.error_buffer, kDevErrSeqlenRange, b, pos);
-  return pos < 0 ? 0 : p.max_position - 1;
+// What request b's prologue reads besides the projections: the step's inputs (positions,
+// cache_seqlens, the block table, the RoPE table) and the norm's weights, none of which a kernel of
+// the layer graph writes. They are read before the dependency wait (the launch starts while the
+// projections run), so only kv_proj and q_proj are read after it; the guards' flags are raised
+// after it, in the order the checks are listed in PrologueParams.
+struct PrologueInputs {
+  int position;   // positions[b] as read
+  int len;        // cache_seqlens[b] as read
+  int page;       // the block-table entry of slot len - 1 (read only for a length in range)
+  float norm[4];  // kv_a_norm[4 tid .. 4 tid + 3]
+  float cs[2];    // cos and sin of pair tid % 32 at the position clamped into [0, max_position)
+};
+
+__device__ __forceinline__ bool prologue_len_ok(const PrologueParams& p, int len) {
+  return len >= 1 && len <= p.max_pages_per_seq * p.page_size;
 }
 
-// The cache slot of the new row as (page, offset), or page -1 when the row must not be written
-// (flagged).
-__device__ __forceinline__ int prologue_slot(const PrologueParams& p, int b, int* offset) {
-  const int len = p.cache_seqlens[b];
-  if (len < 1 || len > p.max_pages_per_seq * p.page_size) {
-    if (threadIdx.x == 0) report_device_error(p.error_buffer, kDevErrSeqlenRange, b, len);
+__device__ __forceinline__ PrologueInputs prologue_inputs(const PrologueParams& p, int b) {
+  constexpr int kPairs = kRopeDim / 2;
+  static_assert(kPrologueThreads % kPairs == 0, "a thread rotates the same pair in every head");
+  const int tid = threadIdx.x;
+  PrologueInputs in;
+  in.position = p.positions[b];
+  in.len = p.cache_seqlens[b];
+  in.page = prologue_len_ok(p, in.len)
+                ? p.block_table[int64_t(b) * p.block_table_stride + ((in.len - 1) >> p.page_shift)]
+                : -1;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) in.norm[e] = bf16_to_float(p.kv_a_norm[4 * tid + e]);
+  const int pos = in.position < 0 ? 0 : in.position >= p.max_position ? p.max_position - 1
+                                                                       : in.position;
+  const float* cs = p.cos_sin + int64_t(pos) * kRopeDim;  // [2][32]: cos then sin
+  in.cs[0] = cs[tid % kPairs];
+  in.cs[1] = cs[kPairs + tid % kPairs];
+  return in;
+}
+
+// The cache slot of the new row as (page, offset), or page -1 when the row must not be written;
+// a length or page out of range is flagged here (after the wait).
+__device__ __forceinline__ int prologue_slot(const PrologueParams& p, int b,
+                                             const PrologueInputs& in, int* offset) {
+  if (!prologue_len_ok(p, in.len)) {
+    if (threadIdx.x == 0) report_device_error(p.error_buffer, kDevErrSeqlenRange, b, in.len);
     return -1;
   }
-  const int t = len - 1;
-  const int page = p.block_table[int64_t(b) * p.block_table_stride + (t >> p.page_shift)];
-  if (page < 0 || page >= p.num_pages) {
-    if (threadIdx.x == 0) report_device_error(p.error_buffer, kDevErrPageRange, b, page);
+  if (in.page < 0 || in.page >= p.num_pages) {
+    if (threadIdx.x == 0) report_device_error(p.error_buffer, kDevErrPageRange, b, in.page);
     return -1;
   }
-  *offset = t & (p.page_size - 1);
-  return page;
+  *offset = (in.len - 1) & (p.page_size - 1);
+  return in.page;
 }
 
 // The 576-value row in shared memory into the cache slot (every thread of the block calls it).
@@ -87,8 +114,10 @@ __device__ __forceinline__ void prologue_store_row(const PrologueParams& p, cons
                   static_cast<uint8_t*>(p.cache) + int64_t(page) * p.page_stride, offset, lane);
 }
 
-// Request b's prologue (b < p.batch); the caller has waited for the projections.
-__device__ __forceinline__ void layer_prologue_row(const PrologueParams& p, int b) {
+// Request b's prologue (b < p.batch) from its inputs (prologue_inputs, read before the wait);
+// the caller has waited for the projections.
+__device__ __forceinline__ void layer_prologue_row(const PrologueParams& p, int b,
+                                                   const PrologueInputs& in) {
   __shared__ __align__(16) uint16_t row[kHeadDim];
   __shared__ float red[kPrologueThreads / 32];
   const int tid = threadIdx.x;
@@ -101,29 +130,28 @@ __device__ __forceinline__ void layer_prologue_row(const PrologueParams& p, int 
   const float ss = ((v[0] * v[0] + v[1] * v[1]) + v[2] * v[2]) + v[3] * v[3];
   const float inv = 1.f / sqrtf(block_sum_128(ss, red) / float(kLatentDim) + p.eps);
 #pragma unroll
-  for (int e = 0; e < 4; ++e)
-    row[4 * tid + e] = float_to_bf16(v[e] * inv * bf16_to_float(p.kv_a_norm[4 * tid + e]));
+  for (int e = 0; e < 4; ++e) row[4 * tid + e] = float_to_bf16(v[e] * inv * in.norm[e]);
 
   // RoPE at the (guarded) position: k_pe into the row, every head's q_pe into q_attn.
-  const int pos = prologue_position(p, b);
-  const float* cs = p.cos_sin + int64_t(pos) * kRopeDim;  // [2][32]: cos then sin
+  if ((in.position < 0 || in.position >= p.max_position) && tid == 0)
+    report_device_error(p.error_buffer, kDevErrSeqlenRange, b, in.position);
   constexpr int kPairs = kRopeDim / 2;
   if (tid < kPairs)
     rope_pair(bf16_to_float(kv[kLatentDim + 2 * tid]), bf16_to_float(kv[kLatentDim + 2 * tid + 1]),
-              cs[tid], cs[kPairs + tid], row + kLatentDim + 2 * tid);
+              in.cs[0], in.cs[1], row + kLatentDim + 2 * tid);
   const int q_head = p.nope + kRopeDim;
   const uint16_t* q = p.q_proj + int64_t(b) * p.heads * q_head + p.nope;
   uint16_t* qa = p.q_attn + int64_t(b) * p.heads * kHeadDim + kLatentDim;
   for (int e = tid; e < p.heads * kPairs; e += kPrologueThreads) {
-    const int h = e / kPairs, i = e % kPairs;
+    const int h = e / kPairs, i = e % kPairs;  // i == tid % kPairs: in.cs is its rotation
     const uint16_t* x = q + h * q_head + 2 * i;
-    rope_pair(bf16_to_float(x[0]), bf16_to_float(x[1]), cs[i], cs[kPairs + i],
+    rope_pair(bf16_to_float(x[0]), bf16_to_float(x[1]), in.cs[0], in.cs[1],
               qa + h * kHeadDim + 2 * i);
   }
   __syncthreads();  // the row is complete
 
   int offset = 0;
-  const int page = prologue_slot(p, b, &offset);
+  const int page = prologue_slot(p, b, in, &offset);
   if (page >= 0) prologue_store_row(p, row, page, offset);
 }
 

@@ -35,9 +35,11 @@ __global__ void __launch_bounds__(kGemmThreads)
     return;
   }
   KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlEntry, threadIdx.x);
+  const int b = blockIdx.x - gemm_blocks;
+  const PrologueInputs in = prologue_inputs(p.pro, b);
   pdl_wait();  // the projections
   KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlWaited, threadIdx.x);
-  layer_prologue_row(p.pro, blockIdx.x - gemm_blocks);
+  layer_prologue_row(p.pro, b, in);
   KF_TIMELINE_STAMP(p.absorb.timeline, kTlQAbsorb, kTlExit, threadIdx.x);
   pdl_launch_dependents();
 }
