@@ -5,8 +5,8 @@
 //    split plan fits the workspace's scratch for every GEMM of the V2-Lite and V3 layers at
 //    every batch; the workspace buffers are aligned and disjoint;
 //  - Gpu* (skipped without CUDA or a device): the skinny GEMM (M = 1 .. 128, both weight layouts,
-//    two jobs in one launch, the heads of the absorptions, split and unsplit K) against a float64
-//    loop with bit-identical reruns; the prologue (RMSNorm, RoPE, the cache row and q_pe, the
+//    two jobs in one launch, the heads of the absorptions, split and unsplit K; the default kernel
+//    family and the portable one) against a float64 loop with bit-identical reruns; the prologue (RMSNorm, RoPE, the cache row and q_pe, the
 //    query absorption in the same launch) with the 8-bit rows equal to kf_cache_append's bytes for
 //    the same bf16 row and the device guards; the compressed query's RMSNorm; and the graph of two
 //    layers (both model shapes, bf16 and 8-bit caches, two steps of appends) against a CPU layer.
@@ -488,8 +488,16 @@ TEST(GpuLayerGemm, MatchesCpuLoop) {
       {33, 2048, WeightLayout::kNK, {3072, 576}, 1},   // 33 rows: the wide kernel, split
       {24, 128, WeightLayout::kKN, {512}, 16},
       {40, 2048, WeightLayout::kNK, {61}, 1},          // one tile, 16 splits (8 in a cluster), 61 columns
+      {12, 4096, WeightLayout::kNK, {576}, 1},         // wide 9..16 rows (K above the narrow bound)
+      {24, 7168, WeightLayout::kNK, {300}, 1},         // wide 17..32 rows, a partial tile
   };
-  for (const GemmCase& c : cases) run_gemm_case(c, rng);
+  // Each case on the device's default family (on a 9.0 device with the sm_90a family built, the
+  // W[n][k] cases run its wgmma kernel) and on the portable one.
+  for (const char* family : {"", "sm80"}) {
+    SCOPED_TRACE(std::string("KF_KERNEL_FAMILY=") + family);
+    EnvScope scope("KF_KERNEL_FAMILY", family);
+    for (const GemmCase& c : cases) run_gemm_case(c, rng);
+  }
 }
 
 TEST(GpuLayerGemm, RejectsWhatTheKernelsDoNotHandle) {

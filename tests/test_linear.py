@@ -99,8 +99,14 @@ def test_workspace_size_errors_in_python_terms():
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("m,n,k", [(1, 3648, 2048), (8, 300, 2048), (32, 2048, 128), (33, 577, 2048),
                                    (64, 2048, 2048), (128, 576, 512), (1, 1536, 7168)])
-def test_gpu_matches_cpu_backend_reruns_and_graph(rng, m, n, k):
+@pytest.mark.parametrize("family", ["default", "sm80"])
+def test_gpu_matches_cpu_backend_reruns_and_graph(rng, monkeypatch, m, n, k, family):
+    """On the device's default kernel family (the sm_90a family's wgmma kernel for the wide
+    launches on an H100 / H200) and on the portable one (KF_KERNEL_FAMILY=sm80)."""
     import torch
+
+    if family != "default":
+        monkeypatch.setenv("KF_KERNEL_FAMILY", family)
 
     x, w = _operands(rng, m, n, k)
     xc, wc = torch.from_numpy(x).bfloat16(), torch.from_numpy(w).bfloat16()

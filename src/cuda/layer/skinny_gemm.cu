@@ -2,7 +2,8 @@
 // launch plan every GEMM of the layer shares. Two kernels: up to kGemmNarrowMaxM rows of a W[n][k]
 // weight over at most kGemmNarrowMaxK k, skinny_gemm_narrow.cuh's block (16 columns over all of K); otherwise skinny_gemm.cuh's
 // (64 columns x all M rows over a share of K; its splits added within a thread-block cluster on
-// sm_90+). Both: 4 warps, cp.async stages in shared memory.
+// sm_90+; on a device of the sm_90a family its stages multiplied by wgmma,
+// sm90a/skinny_gemm_sm90a.h). Both: 4 warps, cp.async stages in shared memory.
 #include <cstdint>
 
 #include "cuda/common/cluster.cuh"
@@ -10,6 +11,10 @@
 #include "cuda/layer/layer_kernels.h"
 #include "cuda/layer/skinny_gemm.cuh"
 #include "cuda/layer/skinny_gemm_narrow.cuh"
+#include "cuda/launch.h"
+#if KF_SM90A_FAMILY
+#include "cuda/layer/sm90a/skinny_gemm_sm90a.h"
+#endif
 
 namespace kf::cuda {
 namespace {
@@ -57,12 +62,26 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
   return run(skinny_gemm_narrow_kernel<4>, NarrowShape<4>::kSmemBytes);
 }
 
+// Whether the current device runs the sm_90a family (family.h; a build without it never does).
+bool device_runs_sm90a() {
+#if KF_SM90A_FAMILY
+  KernelFamily f = KernelFamily::kSm80;
+  return device_family(current_device(), &f) == cudaSuccess && f == KernelFamily::kSm90a;
+#else
+  return false;
+#endif
+}
+
 // A split launch adds its splits within clusters where the device has them (at most
-// kMaxPortableClusterBlocks splits then), through global memory otherwise.
+// kMaxPortableClusterBlocks splits then), through global memory otherwise. A W[n][k] weight on
+// a device of the sm_90a family: that family's kernel (wgmma), else the portable one.
 template <WeightLayout L>
 cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
   const bool cluster = g.splits > 1 && !g.global_reduce && device_has_clusters();
   if (cluster && g.splits > kMaxPortableClusterBlocks) g.splits = kMaxPortableClusterBlocks;
+#if KF_SM90A_FAMILY
+  if (L == WeightLayout::kNK && device_runs_sm90a()) return launch_wide_gemm_sm90a(g, cluster, stream);
+#endif
   return with_gemm_mt(g.m, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
     constexpr int smem = GemmShape<MT>::kSmemBytes;

@@ -175,6 +175,19 @@ __device__ __forceinline__ void gemm_stage_mma(float (&acc)[MT][4], const uint8_
   }
 }
 
+// How a block multiplies a stage that has landed in shared memory: the portable way (ldmatrix
+// and mma.sync on every architecture). The sm_90a family's policy (sm90a/skinny_gemm_sm90a.cu)
+// issues wgmma from the same stage layout instead; its landed() makes the cp.async writes
+// visible to the async proxy wgmma reads through.
+struct GemmMmaSync {
+  template <int MT, WeightLayout L>
+  __device__ __forceinline__ static void multiply(float (&acc)[MT][4], const uint8_t* stage,
+                                                  int warp, int lane) {
+    gemm_stage_mma<MT, L>(acc, stage, warp, lane);
+  }
+  __device__ __forceinline__ static void landed() {}
+};
+
 // The last split of a tile to arrive adds the partials in split order and writes Y.
 __device__ __forceinline__ bool gemm_last_arrival(int32_t* counter, int splits) {
   __shared__ int last;
@@ -327,12 +340,17 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
 // The cp.async ring every GEMM block runs over its nk stages of K: the weights of the first
 // kStages - 1 stages are requested before pdl_wait (weights never depend on the previous kernel),
 // their X after it; then per stage i: wait until it has landed for every thread (which also frees
-// stage i - 1's buffer), request stage i + kStages - 1 into that buffer, multiply stage i. acc
-// starts at zero. The kernel's dependents may launch once the first weights are requested (see
-// the top of the file).
-template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply>
+// stage i - 1's buffer: multiply(i - 1) has finished reading it), request stage i + kStages - 1
+// into that buffer, multiply stage i. landed() runs in every thread between its wait and the
+// block's barrier. acc starts at zero. The kernel's dependents may launch once the first weights
+// are requested (see the top of the file).
+struct GemmNothingToFence {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <int kStages, int MT, typename LoadW, typename LoadX, typename Multiply,
+          typename Landed = GemmNothingToFence>
 __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW load_w, LoadX load_x,
-                                          Multiply multiply) {
+                                          Multiply multiply, Landed landed = Landed{}) {
   constexpr int kAhead = kStages - 1;
   for (int i = 0; i < kAhead; ++i)
     if (i < nk) load_w(i);
@@ -348,6 +366,7 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   for (int i = 0; i < nk; ++i) {
     cp_async_wait<kAhead - 1>();  // stage i has landed (groups 0 .. i)
+    landed();
     __syncthreads();              // ... for every thread; stage i - 1's buffer is free
     const int next = i + kAhead;
     if (next < nk) {
@@ -360,10 +379,12 @@ __device__ __forceinline__ void gemm_ring(int nk, float (&acc)[MT][4], LoadW loa
   cp_async_wait<0>();
 }
 
-// Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned.
-// kCluster: the launch is in clusters of `splits` blocks, one tile per cluster (block bid is
-// split bid % splits of tile bid / splits); otherwise tile bid % tiles, split bid / tiles.
-template <int MT, WeightLayout L, bool kCluster = false>
+// Block `bid` of a launch (bid < tiles * splits). smem: GemmShape<MT>::kSmemBytes, 128-aligned
+// (1024-aligned for wgmma's swizzled operands). kCluster: the launch is in clusters of `splits`
+// blocks, one tile per cluster (block bid is split bid % splits of tile bid / splits); otherwise
+// tile bid % tiles, split bid / tiles. Mma: how a stage is multiplied (GemmMmaSync or the sm_90a
+// family's wgmma).
+template <int MT, WeightLayout L, bool kCluster = false, typename Mma = GemmMmaSync>
 __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t* smem) {
   using Shape = GemmShape<MT>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -386,8 +407,9 @@ __device__ __forceinline__ void gemm_block(const GemmLaunch& g, int bid, uint8_t
       },
       [&](int i) {
         if (i == 0) KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstTile, tid);
-        gemm_stage_mma<MT, L>(acc, stage_ptr(i), warp, lane);
-      });
+        Mma::template multiply<MT, L>(acc, stage_ptr(i), warp, lane);
+      },
+      [] { Mma::landed(); });
   KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlFirstEpi, tid);
   if constexpr (kCluster)
     gemm_cluster_epilogue<MT>(g, op, split, id.n0, acc, warp, lane, smem);

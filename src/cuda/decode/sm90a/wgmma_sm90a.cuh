@@ -1,9 +1,9 @@
-// The Hopper (sm_90a) instructions the sm90a decode kernel is built from, as hand-written PTX:
-// warpgroup MMA (wgmma.mma_async m64n64k16 and m64n256k16, fp32 accumulators, A from shared
-// memory or registers, B from shared memory K- or MN-major), its shared-memory matrix
-// descriptors (128-byte swizzle), the async-proxy fence, mbarriers with transaction counts, the
-// tensor copy (TMA) into shared memory, and the warpgroup's fence / commit / wait. Compiled for
-// sm_90a only.
+// The Hopper (sm_90a) instructions the sm90a decode kernels and the fused layer's sm_90a skinny
+// GEMM are built from, as hand-written PTX: warpgroup MMA (wgmma.mma_async m64nNk16 with N from
+// 8 to 256, fp32 accumulators, A from shared memory or registers, B from shared memory K- or
+// MN-major), its shared-memory matrix descriptors (128-byte swizzle), the async-proxy fence,
+// mbarriers with transaction counts, the tensor copy (TMA) into shared memory, and the
+// warpgroup's fence / commit / wait. Compiled for sm_90a only.
 //
 // Accumulator layout of one m64nN wgmma (PTX ISA, "wgmma register fragments"): warp w of the
 // warpgroup holds rows 16 w + lane / 4 and 16 w + lane / 4 + 8; d[4 j + 2 h + e] is row
@@ -168,6 +168,48 @@ __device__ __forceinline__ void wgmma_ss_n16_bf16(float (&d)[8], uint64_t desc_a
   KF_WGMMA_SS("m64n16k16", "bf16", KF_WGMMA_D8_REGS, "%8", "%9", "%10", "0", KF_WGMMA_D8_ONLY);
 }
 
+// The fused layer's skinny GEMM (src/cuda/layer/sm90a/skinny_gemm_sm90a.cu): D (64 x N, fp32) =
+// A (64 x 16, shared, K-major) B (16 x N, shared, K-major: N rows of 16 k values) + D, bf16
+// inputs, N = 8, 16, 32, 64 or 128 (d holds N / 2 accumulators per thread).
+#define KF_WGMMA_D4_REGS "{%0,%1,%2,%3}"
+#define KF_WGMMA_D4_OPERANDS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define KF_WGMMA_D16_REGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define KF_WGMMA_D16_OPERANDS(d) KF_WGMMA_D8_OPERANDS(d, 0), KF_WGMMA_D8_OPERANDS(d, 8)
+#define KF_WGMMA_D64_REGS \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define KF_WGMMA_D64_OPERANDS(d)                                                        \
+  KF_WGMMA_D32_OPERANDS(d), KF_WGMMA_D8_OPERANDS(d, 32), KF_WGMMA_D8_OPERANDS(d, 40), \
+      KF_WGMMA_D8_OPERANDS(d, 48), KF_WGMMA_D8_OPERANDS(d, 56)
+template <int N>
+__device__ __forceinline__ void wgmma_ss_bf16_acc(float (&d)[N / 2], uint64_t desc_a,
+                                                  uint64_t desc_b) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128, "N: 8 .. 128, powers of 2");
+  constexpr int accumulate = 1;
+  if constexpr (N == 8)
+    KF_WGMMA_SS("m64n8k16", "bf16", KF_WGMMA_D4_REGS, "%4", "%5", "%6", "0",
+                KF_WGMMA_D4_OPERANDS);
+  else if constexpr (N == 16)
+    KF_WGMMA_SS("m64n16k16", "bf16", KF_WGMMA_D8_REGS, "%8", "%9", "%10", "0", KF_WGMMA_D8_ONLY);
+  else if constexpr (N == 32)
+    KF_WGMMA_SS("m64n32k16", "bf16", KF_WGMMA_D16_REGS, "%16", "%17", "%18", "0",
+                KF_WGMMA_D16_OPERANDS);
+  else if constexpr (N == 64)
+    KF_WGMMA_SS("m64n64k16", "bf16", KF_WGMMA_D32_REGS, "%32", "%33", "%34", "0",
+                KF_WGMMA_D32_OPERANDS);
+  else
+    KF_WGMMA_SS("m64n128k16", "bf16", KF_WGMMA_D64_REGS, "%64", "%65", "%66", "0",
+                KF_WGMMA_D64_OPERANDS);
+}
+
+#undef KF_WGMMA_D4_REGS
+#undef KF_WGMMA_D4_OPERANDS
+#undef KF_WGMMA_D16_REGS
+#undef KF_WGMMA_D16_OPERANDS
+#undef KF_WGMMA_D64_REGS
+#undef KF_WGMMA_D64_OPERANDS
 #undef KF_WGMMA_T
 #undef KF_WGMMA_SS
 #undef KF_WGMMA_RS
