@@ -62,15 +62,13 @@ cudaError_t launch_narrow(const GemmLaunch& g, cudaStream_t stream) {
   return run(skinny_gemm_narrow_kernel<4>, NarrowShape<4>::kSmemBytes);
 }
 
-// Whether the current device runs the sm_90a family (family.h; a build without it never does).
-bool device_runs_sm90a() {
 #if KF_SM90A_FAMILY
+// Whether the current device runs the sm_90a family (family.h).
+bool device_runs_sm90a() {
   KernelFamily f = KernelFamily::kSm80;
   return device_family(current_device(), &f) == cudaSuccess && f == KernelFamily::kSm90a;
-#else
-  return false;
-#endif
 }
+#endif
 
 // A split launch adds its splits within clusters where the device has them (at most
 // kMaxPortableClusterBlocks splits then), through global memory otherwise. A W[n][k] weight on
