@@ -78,7 +78,8 @@ cudaError_t launch_layout(GemmLaunch g, cudaStream_t stream) {
   const bool cluster = g.splits > 1 && !g.global_reduce && device_has_clusters();
   if (cluster && g.splits > kMaxPortableClusterBlocks) g.splits = kMaxPortableClusterBlocks;
 #if KF_SM90A_FAMILY
-  if (L == WeightLayout::kNK && device_runs_sm90a()) return launch_wide_gemm_sm90a(g, cluster, stream);
+  if (L == WeightLayout::kNK && device_runs_sm90a())
+    return launch_wide_gemm_sm90a(g, cluster, stream);
 #endif
   return with_gemm_mt(g.m, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
