@@ -67,7 +67,8 @@ cudaError_t launch_wide_gemm_sm90a(const GemmLaunch& g, bool cluster, cudaStream
   return with_gemm_mt(g.m, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
     constexpr int smem = GemmShape<MT>::kSmemBytes + kSwizzleAtomBytes;  // room to align up
-    auto kernel = cluster ? skinny_gemm_sm90a_kernel<MT, true> : skinny_gemm_sm90a_kernel<MT, false>;
+    auto kernel =
+        cluster ? skinny_gemm_sm90a_kernel<MT, true> : skinny_gemm_sm90a_kernel<MT, false>;
     const cudaError_t err = allow_smem(kernel, smem);
     if (err != cudaSuccess) return err;
     return launch_kernel(kernel, dim3(g.tiles * g.splits), dim3(kGemmThreads), smem, stream,
