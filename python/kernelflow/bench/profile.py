@@ -85,13 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="kernel family (KF_KERNEL_FAMILY: auto, sm80 or sm90a; default auto)")
     dec.add_argument("--kernel", default=DECODE_KERNEL,
                      help=f"ncu --kernel-name filter (default {DECODE_KERNEL})")
-    dec.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
-    dec.add_argument("--print-command", action="store_true",
-                     help="print the ncu command line and exit without running it")
-    dec.add_argument("--stalls", type=int, default=0, metavar="N",
-                     help="instead of the metrics: the warp-stall samples per SASS instruction "
-                     "(ncu's WarpStateStats and SourceCounters sections, kernelflow.bench.stalls): "
-                     "the reasons' shares and the N hottest instructions")
+    add_ncu_arguments(dec)
     lay = sub.add_parser("layer", help="kernel nodes per layer of the fused layer graph (<= 8)")
     add_layer_arguments(lay)
     lk = sub.add_parser("layer-kernel", help="one launch of a fused-layer kernel under Nsight "
@@ -103,16 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--skip", type=int, default=None,
                     help="matching launches to skip (default: WARMUPS x layers + layers // 2, the "
                     "middle layer of the last graph launch for a name matched once per layer)")
-    lk.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
-    lk.add_argument("--print-command", action="store_true",
-                    help="print the ncu command line and exit without running it")
-    lk.add_argument("--stalls", type=int, default=0, metavar="N",
-                    help="instead of the metrics: the warp-stall samples (as decode --stalls)")
+    add_ncu_arguments(lk)
     one = sub.add_parser("run-one", help="(internal) the process ncu profiles")
     add_config_arguments(one)
     run_layer = sub.add_parser("run-layer", help="(internal) the process ncu profiles")
     add_layer_arguments(run_layer)
     return ap
+
+
+def add_ncu_arguments(ap: argparse.ArgumentParser) -> None:
+    """How ncu runs (decode and layer-kernel)."""
+    ap.add_argument("--ncu", default=None, help="the ncu executable (default: ncu on PATH)")
+    ap.add_argument("--print-command", action="store_true",
+                    help="print the ncu command line and exit without running it")
+    ap.add_argument("--stalls", type=int, default=0, metavar="N",
+                    help="instead of the metrics: the warp-stall samples per SASS instruction "
+                    "(ncu's WarpStateStats and SourceCounters sections, kernelflow.bench.stalls): "
+                    "the reasons' shares and the N hottest instructions")
 
 
 def add_layer_arguments(ap: argparse.ArgumentParser) -> None:
