@@ -262,13 +262,27 @@ __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOpe
                                               const float (&acc)[MT][4], int warp, int lane) {
   const int m = g.m;
   if (g.splits == 1) {
+    // A whole tile (every row and column inside Y) is stored without bounds tests, so the
+    // conversions interleave; a test around each value makes each its own branch, run one after
+    // another.
+    if (m == 8 * MT && n0 + kLayerGemmTileN <= op.n_cols) {
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
-        if (row < m && col < op.n_cols) op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
+          op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
+          if (row < m && col < op.n_cols)
+            op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
+        }
+    }
     KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
     return;
   }
@@ -322,9 +336,14 @@ __device__ __forceinline__ void gemm_cluster_epilogue(const GemmLaunch& g, const
         sum[3] += v[s].w;
       }
     uint16_t* y = op.y + int64_t(row) * op.ldy + n0 + c;
+    if (n0 + c + 4 <= op.n_cols) {  // no bounds test per value (see gemm_epilogue)
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (n0 + c + u < op.n_cols) y[u] = float_to_bf16(sum[u]);
+      for (int u = 0; u < 4; ++u) y[u] = float_to_bf16(sum[u]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (n0 + c + u < op.n_cols) y[u] = float_to_bf16(sum[u]);
+    }
   }
   KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
   // No block leaves while another may still read its shared memory; this block's reads have
