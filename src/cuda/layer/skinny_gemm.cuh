@@ -256,33 +256,33 @@ __device__ __forceinline__ void store_partial_tile(float* dst, int stride, int m
     }
 }
 
+// This thread's values of an unsplit tile (columns n0 ..) into Y as bf16. kWhole: every row and
+// column of the tile is inside Y, so no value is tested and the conversions and stores form one
+// straight block; with a test around each value, each becomes its own branch, run one after
+// another (at 64 rows, 32 of them).
+template <int MT, bool kWhole>
+__device__ __forceinline__ void store_tile_bf16(const GemmOperands& op, int m, int n0,
+                                                const float (&acc)[MT][4], int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
+      if (kWhole || (row < m && col < op.n_cols))
+        op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
+    }
+}
+
 template <int MT>
 __device__ __forceinline__ void gemm_epilogue(const GemmLaunch& g, const GemmOperands& op,
                                               int tile, int split, int n0,
                                               const float (&acc)[MT][4], int warp, int lane) {
   const int m = g.m;
   if (g.splits == 1) {
-    // A whole tile (every row and column inside Y) is stored without bounds tests, so the
-    // conversions interleave; a test around each value makes each its own branch, run one after
-    // another.
-    if (m == 8 * MT && n0 + kLayerGemmTileN <= op.n_cols) {
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
-          op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = gemm_acc_row(j, lane, e), col = n0 + gemm_acc_col(warp, lane, e);
-          if (row < m && col < op.n_cols)
-            op.y[int64_t(row) * op.ldy + col] = float_to_bf16(acc[j][e]);
-        }
-    }
+    if (m == 8 * MT && n0 + kLayerGemmTileN <= op.n_cols)
+      store_tile_bf16<MT, true>(op, m, n0, acc, warp, lane);
+    else
+      store_tile_bf16<MT, false>(op, m, n0, acc, warp, lane);
     KF_TIMELINE_STAMP(g.timeline, g.timeline_kernel, kTlGemmStored, threadIdx.x);
     return;
   }
