@@ -84,3 +84,48 @@ def test_a_gemm_blocks_epilogue_slots_are_named_for_it():
     src = open(__file__.replace("tests/test_bench_timeline.py",
                                 "src/cuda/common/timeline.cuh")).read()
     assert "kTlGemmPartials = kTlPieces;" in src and "kTlGemmStored = kTlLastEpi;" in src
+
+
+def test_layer_steps_link_each_launch_to_the_one_before():
+    ev = lambda w, x, **more: {"waited": {"n": 1, "min": w, "median": w, "max": w},  # noqa: E731
+                               "exit": {"n": 1, "min": x - 0.5, "median": x - 0.2, "max": x},
+                               **{k: {"n": 1, "min": v, "median": v, "max": v}
+                                  for k, v in more.items()}}
+    s = {"gemm_proj": ev(5.0, 13.0, first_epilogue=10.0, partials=11.0, stored=12.5),
+         "q_absorb": ev(13.5, 19.0, first_epilogue=16.0, stored=18.0),
+         "decode": ev(20.0, 90.0), "combine": ev(91.0, 93.0),
+         "gemm_uv": ev(93.5, 97.0), "gemm_o": ev(97.5, 102.0),
+         "pieces_per_block": {"n": 0}}
+    steps = tl.layer_steps(s, 100.0)
+    assert [r["kernel"] for r in steps] == ["gemm_proj", "q_absorb", "decode", "combine",
+                                            "gemm_uv", "gemm_o"]
+    # the first launch follows the previous layer's W_o, one period (100 us) earlier: 102 - 100
+    assert steps[0] == {"kernel": "gemm_proj", "link": 3.0, "wait_to_last_exit": 8.0,
+                        "epilogue": 2.5, "sums": 1.5}
+    assert steps[1] == {"kernel": "q_absorb", "link": 0.5, "wait_to_last_exit": 5.5,
+                        "epilogue": 2.0}
+    assert steps[2] == {"kernel": "decode", "link": 1.0, "wait_to_last_exit": 70.0}
+    text = tl.format_layer_steps(steps)
+    assert "| gemm_proj | 3.00 | 8.00 | 2.50 | 1.50 |" in text
+    assert "| decode | 1.00 | 70.00 | - | - |" in text
+
+
+def test_a_stored_layer_run_prints_its_tables_without_a_gpu(tmp_path, capsys):
+    t0 = 7_000_000_000
+    words = buffer({0: {0: t0 + 9000, 1: t0 + 9500, 6: t0 + 20000}}, {},
+                   {0: {0: t0, 1: t0 + 800, 6: t0 + 3500}})
+    s = tl.summarize(words, origin="first")
+    del s["pieces_per_block"]  # compacted files do not keep it
+    path = tmp_path / "runs.json"
+    path.write_text(__import__("json").dumps(
+        {"my_run": {"rows": [{"model": "v2_lite", "b": 64, "us_per_layer": 30.0,
+                              "events": s}]}}))
+    assert tl.main(["--from", str(path), "--key", "my_run"]) == 0
+    out = capsys.readouterr().out
+    assert "## model v2_lite b 64: 30.00 us per call" in out
+    assert "| decode | 6.00 | 10.50 | - | - |" in out  # wait 9.5 after gemm_proj's exit 3.5
+    try:
+        tl.main(["--from", str(path), "--key", "other"])
+        raise AssertionError("an unknown key must fail")
+    except SystemExit as e:
+        assert "my_run" in str(e)

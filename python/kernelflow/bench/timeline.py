@@ -3,6 +3,7 @@
     python3 -m kernelflow.bench.timeline --h-q 16 --batch 1 64 --s-k 4096 [--formats bf16 fp8_e4m3]
         [--workers N] [--raw] [--json OUT]
     python3 -m kernelflow.bench.timeline --layer --batch 1 64 [--layers 27] [--json OUT]
+    python3 -m kernelflow.bench.timeline --from docs/results/timeline_h200.json --key KEY
 
 In the timeline build (src/cuda/common/timeline.cuh) thread 0 of every decode and combine block
 writes the global timer (ns) at a few events into a buffer whose device address the library
@@ -24,8 +25,11 @@ With --layer the fused DeepSeek-V2-Lite layer graph runs instead, and every laun
 layer is read (the projections, the query absorption with the prologue, the decode, the combine,
 the output absorption and W_o; a GEMM block stamps its entry, its wait, its first stage, its
 epilogue, its tile's split partials in place (partials), its share of the output stored (stored)
-and its exit), from that layer's first entry, beside the time per layer.
-In any other build the stamps stay zero and this module says so.
+and its exit), from that layer's first entry, beside the time per layer; then, per launch, its
+link (from the previous launch's last block exit to its median wait) and the time from that wait
+to its last block's exit, with a GEMM's epilogue and split sums (layer_steps).
+In any other build the stamps stay zero and this module says so. --from prints the tables of a
+stored run (docs/results/timeline_h200.json with --key) without a GPU.
 """
 from __future__ import annotations
 
@@ -131,11 +135,67 @@ def format_summary(title: str, s: dict, us_per_call: float) -> str:
             if r:
                 lines.append(f"| {name} | {ev} | {r['n']} | {r['min']:.2f} | {r['median']:.2f} | "
                              f"{r['max']:.2f} |")
-    p = s["pieces_per_block"]
-    if p["n"]:
+    p = s.get("pieces_per_block")  # not kept in a compacted file
+    if p and p["n"]:
         lines.append(f"pieces per decode block with work: min {p['min']}, median "
                      f"{p['median']}, max {p['max']} ({p['n']} blocks)")
     return "\n".join(lines)
+
+
+# The fused layer's launches in the order one layer runs them (gemm_q_b only where the model
+# compresses the query); the first one follows the previous layer's last.
+LAYER_CHAIN = ("gemm_proj", "gemm_q_b", "q_absorb", "decode", "combine", "gemm_uv", "gemm_o")
+
+
+def layer_steps(s: dict, us_per_layer: float) -> list:
+    """Per launch of a layer's summary (summarize with origin "first"), in LAYER_CHAIN order:
+    link, the gap from the previous launch's last block exit to this launch's median wait (for
+    the layer's first launch, from the previous layer's last launch, placed one layer period
+    earlier); wait_to_last_exit, from that wait to this launch's last block exit; and for a GEMM
+    epilogue (first epilogue to Y stored, medians) and sums (split partials in place to Y stored,
+    medians) where its blocks stamped them. Launches without a wait or an exit are left out."""
+    chain = [k for k in LAYER_CHAIN if "waited" in s.get(k, {}) and "exit" in s.get(k, {})]
+    rows = []
+    for i, k in enumerate(chain):
+        ev = s[k]
+        prev_exit = (s[chain[i - 1]]["exit"]["max"] if i > 0
+                     else s[chain[-1]]["exit"]["max"] - us_per_layer)
+        waited = ev["waited"]["median"]
+        row = {"kernel": k, "link": round(waited - prev_exit, 2),
+               "wait_to_last_exit": round(ev["exit"]["max"] - waited, 2)}
+        if "first_epilogue" in ev and "stored" in ev:
+            row["epilogue"] = round(ev["stored"]["median"] - ev["first_epilogue"]["median"], 2)
+        if "partials" in ev and "stored" in ev:
+            row["sums"] = round(ev["stored"]["median"] - ev["partials"]["median"], 2)
+        rows.append(row)
+    return rows
+
+
+def format_layer_steps(steps: list) -> str:
+    lines = ["| launch | link us | wait to last exit us | first epilogue to stored us | "
+             "partials to stored us |", "| --- | --- | --- | --- | --- |"]
+    for r in steps:
+        cells = [r["kernel"], f"{r['link']:.2f}", f"{r['wait_to_last_exit']:.2f}",
+                 f"{r['epilogue']:.2f}" if "epilogue" in r else "-",
+                 f"{r['sums']:.2f}" if "sums" in r else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def print_stored(path: str, key: str) -> int:
+    """--from: the summaries (and, for a layer run, its steps) of a stored run, no GPU needed."""
+    with open(path) as f:
+        doc = json.load(f)
+    run = doc.get(key) if key else doc
+    if not run or "rows" not in run:
+        raise SystemExit(f"{path}: no run {key!r} (keys: {', '.join(sorted(doc))})")
+    for r in run["rows"]:
+        per = r.get("us_per_layer", r.get("us_per_call"))
+        title = " ".join(f"{k} {r[k]}" for k in ("model", "format", "h_q", "b", "s_k") if k in r)
+        print(format_summary(title, r["events"], per), flush=True)
+        if "us_per_layer" in r:
+            print(format_layer_steps(layer_steps(r["events"], r["us_per_layer"])), flush=True)
+    return 0
 
 
 def parse_args(argv=None):
@@ -159,6 +219,10 @@ def parse_args(argv=None):
                          "--layers layers instead of decode calls: every launch of its last layer, "
                          "from that layer's first entry")
     ap.add_argument("--layers", type=int, default=27, help="--layer: layers in the graph")
+    ap.add_argument("--from", dest="stored", default=None, metavar="JSON",
+                    help="print a stored run's tables (a --json output, or a file of runs by "
+                         "key with --key) instead of running; no GPU needed")
+    ap.add_argument("--key", default=None, help="--from: the run's key in the file")
     return ap.parse_args(argv)
 
 
@@ -251,6 +315,7 @@ def layer_rows(args, buf, torch) -> list:
                 title = (f"V2-Lite layer {fmt} b {b} s_k {s_k} page {args.page}, "
                          f"{args.layers} layers (the last one's launches, us per layer)")
                 print(format_summary(title, s, t["us"]), flush=True)
+                print(format_layer_steps(layer_steps(s, t["us"])), flush=True)
                 rows.append({"model": "v2_lite", "format": fmt, "b": b, "s_k": s_k,
                              "page": args.page, "layers": args.layers, "us_per_layer": t["us"],
                              "events": s})
@@ -261,6 +326,8 @@ def layer_rows(args, buf, torch) -> list:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.stored:
+        return print_stored(args.stored, args.key)
     import torch
 
     # The library reads the address once, at its first call: set it before any.
