@@ -4,7 +4,7 @@
 Three steps, the first where git is (this checkout), the others on the GPU machine:
 
     python3 bench/ab.py export exp-a exp-b            # each revision's tree into .ab/NAME
-    python3 bench/ab.py run --gtest 'GpuLayer*' --pytest tests/test_layer.py   # layer benchmark
+    python3 bench/ab.py run --gtest 'GpuLayer*' --pytest 'tests/test_layer.py -m gpu'   # layer
     python3 bench/ab.py run --bench decode -- --no-check --formats bf16 --h-q 16 --batch 64
 
 `run` builds the current tree ("base", in build/ab) and every tree under .ab/ (each in its own
@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -178,8 +179,8 @@ def run_tests(name: str, src: str, pypath: str, args, log) -> str | None:
         if p.returncode:
             failed.append("ctest")
     if args.pytest:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", *args.pytest], cwd=src, env=env,
-                           capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", *shlex.split(args.pytest)],
+                           cwd=src, env=env, capture_output=True, text=True)
         tail = (p.stdout.strip().splitlines() or [""])[-1]
         log(f"  {name} pytest: {tail}")
         if p.returncode:
@@ -241,6 +242,9 @@ def run(args) -> int:
     rounds = time_builds(builds, args, bench_args, log)
     rows = table(names, rounds)
     print(format_table(names, rows, status))
+    for name in status:
+        if name not in builds:
+            print(f"{name}: {status[name]}, not timed")
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which(
                              "nvidia-smi") else None
@@ -277,7 +281,8 @@ def main(argv=None) -> int:
     rn.add_argument("--cmake-arg", action="append", default=[], help="e.g. -DKF_TIMELINE=ON")
     rn.add_argument("--jobs", type=int, default=0, help="build jobs per tree")
     rn.add_argument("--gtest", help="kf_cpp_tests --gtest_filter for every build")
-    rn.add_argument("--pytest", nargs="+", help="pytest files for every build")
+    rn.add_argument("--pytest", help="pytest arguments for every build, one string "
+                    "(e.g. 'tests/test_layer.py -m gpu')")
     rn.add_argument("--bench", choices=sorted(BENCH_ARGS), default="layer")
     rn.add_argument("--rounds", type=int, default=2)
     rn.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/kf-out"), "ab"))

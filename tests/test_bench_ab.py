@@ -130,3 +130,30 @@ def test_run_reports_a_failing_benchmark_by_build_and_round(tmp_path):
 def test_run_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit):
         ab.main(argv)
+
+
+def fake_tree(path, us, test_passes):
+    """A source tree with a stand-in build in build/ab and one pytest file."""
+    path.mkdir(parents=True)
+    (path / "CMakeLists.txt").write_text("")
+    fake_build(path / "build" / "ab" / "python", us)
+    (path / "tests").mkdir()
+    (path / "tests" / "test_ok.py").write_text(f"def test_ok():\n    assert {test_passes}\n")
+
+
+def test_run_over_exported_trees_runs_their_tests_and_flags_a_failure(tmp_path, monkeypatch,
+                                                                     capsys):
+    base = tmp_path / "base"
+    fake_tree(base, 100.0, True)
+    fake_tree(base / ".ab" / "exp", 90.0, False)
+    (base / ".ab" / "AB_REV").write_text("base 1234\n")
+    (base / ".ab" / "exp" / "AB_REV").write_text("exp 5678\n")
+    monkeypatch.chdir(base)
+    rc = ab.main(["run", "--no-build", "--pytest", "tests/test_ok.py -q", "--rounds", "1",
+                  "--out", str(tmp_path / "out")])
+    assert rc == 1  # a build failed its tests
+    text = capsys.readouterr().out
+    assert "exp (pytest FAILED) us" in text and "1.111x" in text
+    rec = json.loads((tmp_path / "out" / "ab.json").read_text())
+    assert rec["revisions"] == {"base": "base 1234", "exp": "exp 5678"}
+    assert rec["status"] == {"exp": "pytest FAILED"}
