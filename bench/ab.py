@@ -13,7 +13,9 @@ fails them is still timed, and its column says FAILED), then the benchmark modul
 (`kernelflow.bench.layer` or `.decode`, arguments after `--` or the defaults below) in
 alternating rounds, base first, each a fresh process with its build on PYTHONPATH, so every build
 sees the same drift of the GPU's clocks. `--build NAME=DIR` (repeatable) times given folders
-importable as `kernelflow` instead, without exporting or building.
+importable as `kernelflow` instead, without exporting or building. A session whose calls are
+short can split the work: `run --rounds 0` builds and tests, a later call on the same machine
+`run --no-build` times (carry .ab/ only with the first: a carried folder replaces the built one).
 
 Every benchmark run writes its --json; the table lists each timing ("us" in the JSON rows,
 labelled by the row's identity: model, kernel, format, h_q, b, s_q, s_k, layers) with every
@@ -238,6 +240,10 @@ def run(args) -> int:
         if "base" not in builds:
             log("base did not build: nothing to compare against")
             return 1
+    if args.rounds == 0:  # build and test only
+        for name in builds:
+            log(f"{name}: {status.get(name, 'ok')}")
+        return 1 if status else 0
     names = list(builds)
     rounds = time_builds(builds, args, bench_args, log)
     rows = table(names, rounds)
@@ -284,7 +290,8 @@ def main(argv=None) -> int:
     rn.add_argument("--pytest", help="pytest arguments for every build, one string "
                     "(e.g. 'tests/test_layer.py -m gpu')")
     rn.add_argument("--bench", choices=sorted(BENCH_ARGS), default="layer")
-    rn.add_argument("--rounds", type=int, default=2)
+    rn.add_argument("--rounds", type=int, default=2,
+                    help="benchmark rounds per build; 0: build and test only")
     rn.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/kf-out"), "ab"))
     rn.add_argument("bench_args", nargs=argparse.REMAINDER,
                     help="-- then the benchmark module's arguments (default: see BENCH_ARGS)")
@@ -293,8 +300,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "run":
         args.bench_args = [a for a in args.bench_args if a != "--"] or None
-        if args.rounds < 1:
-            ap.error("--rounds: at least 1")
+        if args.rounds < 0:
+            ap.error("--rounds: 0 or more")
         if args.build and any("=" not in b for b in args.build):
             ap.error("--build: NAME=DIR")
     return {"export": export, "run": run, "compare": compare}[args.cmd](args)

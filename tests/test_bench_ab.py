@@ -126,7 +126,7 @@ def test_run_reports_a_failing_benchmark_by_build_and_round(tmp_path):
                  "--", "--no-batch-flag"])
 
 
-@pytest.mark.parametrize("argv", [["run", "--rounds", "0"], ["run", "--build", "nodir"]])
+@pytest.mark.parametrize("argv", [["run", "--rounds", "-1"], ["run", "--build", "nodir"]])
 def test_run_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit):
         ab.main(argv)
@@ -157,3 +157,14 @@ def test_run_over_exported_trees_runs_their_tests_and_flags_a_failure(tmp_path, 
     rec = json.loads((tmp_path / "out" / "ab.json").read_text())
     assert rec["revisions"] == {"base": "base 1234", "exp": "exp 5678"}
     assert rec["status"] == {"exp": "pytest FAILED"}
+
+
+def test_run_with_no_rounds_builds_and_tests_only(tmp_path, monkeypatch, capsys):
+    base = tmp_path / "base"
+    fake_tree(base, 100.0, True)
+    monkeypatch.chdir(base)
+    out = tmp_path / "out"
+    assert ab.main(["run", "--no-build", "--pytest", "tests/test_ok.py", "--rounds", "0",
+                    "--out", str(out)]) == 0
+    assert "base: ok" in capsys.readouterr().out
+    assert not list(out.glob("*.json"))
