@@ -119,11 +119,22 @@ def test_run_times_given_builds_in_rounds_and_writes_the_record(tmp_path, capsys
     assert "1.250x" in capsys.readouterr().out
 
 
-def test_run_reports_a_failing_benchmark_by_build_and_round(tmp_path):
+def test_run_stops_on_a_benchmark_without_output_naming_build_and_round(tmp_path):
     a = fake_build(tmp_path / "a", 100.0)
     with pytest.raises(RuntimeError, match="base, round 1"):
         ab.main(["run", "--build", f"base={a}", "--rounds", "1", "--out", str(tmp_path / "o"),
                  "--", "--no-batch-flag"])
+
+
+def test_run_flags_a_benchmark_that_wrote_its_json_and_failed(tmp_path, capsys):
+    a = fake_build(tmp_path / "a", 100.0)
+    b = fake_build(tmp_path / "b", 90.0)
+    layer = tmp_path / "b" / "kernelflow" / "bench" / "layer.py"
+    layer.write_text(layer.read_text() + "sys.exit(1)\n")
+    rc = ab.main(["run", "--build", f"base={a}", "--build", f"v={b}", "--rounds", "1",
+                  "--out", str(tmp_path / "o"), "--", "--batch", "64"])
+    assert rc == 1
+    assert "v (benchmark exited 1 in round 1) us" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [["run", "--rounds", "-1"], ["run", "--build", "nodir"]])
