@@ -20,9 +20,9 @@ short can split the work: `run --rounds 0` builds and tests, a later call on the
 Every benchmark run writes its --json; the table lists each timing ("us" in the JSON rows,
 labelled by the row's identity: model, kernel, format, h_q, b, s_q, s_k, layers) with every
 build's median and rounds, and each variant's speed against base (base's median over the
-variant's: > 1 is faster). `$OUT/ab.json` (or --out) keeps the rounds and the table;
-`python3 bench/ab.py compare ab.json` prints the table again. Correctness is the tests' job:
-the default decode arguments skip the benchmark's reference checks.
+variant's: > 1 is faster). `$OUT/ab/ab.json` (`--out DIR`: DIR/ab.json) keeps the rounds and the
+table; `python3 bench/ab.py compare ab.json` prints the table again. Correctness is the tests'
+job: the default decode arguments skip the benchmark's reference checks.
 """
 from __future__ import annotations
 
