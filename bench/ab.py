@@ -285,7 +285,8 @@ def main(argv=None) -> int:
     ex.add_argument("--dir", default=".ab")
     rn = sub.add_parser("run", help="build, test and time base and the exported trees")
     rn.add_argument("--dir", default=".ab")
-    rn.add_argument("--only", nargs="+", help="exported trees to take (default: all)")
+    rn.add_argument("--only", nargs="+",
+                    help="exported trees to take, by their names under --dir (default: all)")
     rn.add_argument("--build", action="append",
                     help="NAME=DIR: a folder importable as kernelflow (repeatable; no building)")
     rn.add_argument("--no-build", action="store_true", help="use the trees' existing build/ab")
