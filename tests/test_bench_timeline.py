@@ -94,23 +94,24 @@ def test_layer_steps_link_each_launch_to_the_one_before():
                                "exit": {"n": 1, "min": x - 0.5, "median": x - 0.2, "max": x},
                                **{k: {"n": 1, "min": v, "median": v, "max": v}
                                   for k, v in more.items()}}
-    s = {"gemm_proj": ev(5.0, 13.0, first_epilogue=10.0, partials=11.0, stored=12.5),
+    s = {"gemm_proj": ev(5.0, 13.0, entry=1.0, first_epilogue=10.0, partials=11.0, stored=12.5),
          "q_absorb": ev(13.5, 19.0, first_epilogue=16.0, stored=18.0),
          "decode": ev(20.0, 90.0), "combine": ev(91.0, 93.0),
-         "gemm_uv": ev(93.5, 97.0), "gemm_o": ev(97.5, 102.0),
+         "gemm_uv": ev(93.5, 97.0, entry=93.25), "gemm_o": ev(97.5, 102.0),
          "pieces_per_block": {"n": 0}}
     steps = tl.layer_steps(s, 100.0)
     assert [r["kernel"] for r in steps] == ["gemm_proj", "q_absorb", "decode", "combine",
                                             "gemm_uv", "gemm_o"]
     # the first launch follows the previous layer's W_o, one period (100 us) earlier: 102 - 100
     assert steps[0] == {"kernel": "gemm_proj", "link": 3.0, "wait_to_last_exit": 8.0,
-                        "epilogue": 2.5, "sums": 1.5}
+                        "entry_lead": 1.0, "epilogue": 2.5, "sums": 1.5}
     assert steps[1] == {"kernel": "q_absorb", "link": 0.5, "wait_to_last_exit": 5.5,
                         "epilogue": 2.0}
     assert steps[2] == {"kernel": "decode", "link": 1.0, "wait_to_last_exit": 70.0}
+    assert steps[4]["entry_lead"] == -0.25  # W_UV's blocks entered after the combine's exit
     text = tl.format_layer_steps(steps)
-    assert "| gemm_proj | 3.00 | 8.00 | 2.50 | 1.50 |" in text
-    assert "| decode | 1.00 | 70.00 | - | - |" in text
+    assert "| gemm_proj | 3.00 | 8.00 | 1.00 | 2.50 | 1.50 |" in text
+    assert "| decode | 1.00 | 70.00 | - | - | - |" in text
 
 
 def test_a_stored_layer_run_prints_its_tables_without_a_gpu(tmp_path, capsys):
@@ -126,6 +127,7 @@ def test_a_stored_layer_run_prints_its_tables_without_a_gpu(tmp_path, capsys):
     assert tl.main(["--from", str(path), "--key", "my_run"]) == 0
     out = capsys.readouterr().out
     assert "## model v2_lite b 64: 30.00 us per call" in out
-    assert "| decode | 6.00 | 10.50 | - | - |" in out  # wait 9.5 after gemm_proj's exit 3.5
+    # wait 9.5 after gemm_proj's exit 3.5; entered at 9.0, 5.5 us after that exit
+    assert "| decode | 6.00 | 10.50 | -5.50 | - | - |" in out
     with pytest.raises(SystemExit, match="my_run"):  # an unknown key names the file's keys
         tl.main(["--from", str(path), "--key", "other"])

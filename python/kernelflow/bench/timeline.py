@@ -151,7 +151,10 @@ def layer_steps(s: dict, us_per_layer: float) -> list:
     """Per launch of a layer's summary (summarize with origin "first"), in LAYER_CHAIN order:
     link, the gap from the previous launch's last block exit to this launch's median wait (for
     the layer's first launch, from the previous layer's last launch, placed one layer period
-    earlier); wait_to_last_exit, from that wait to this launch's last block exit; and for a GEMM
+    earlier); wait_to_last_exit, from that wait to this launch's last block exit; entry_lead,
+    how long before the previous launch's last block exit this launch's median block entered
+    (> 0: its blocks were resident early, requesting what they may before their wait; < 0: they
+    entered only after, as when they cannot share the previous kernel's SMs); and for a GEMM
     epilogue (first epilogue to Y stored, medians) and sums (split partials in place to Y stored,
     medians) where its blocks stamped them. Launches without a wait or an exit are left out."""
     chain = [k for k in LAYER_CHAIN if "waited" in s.get(k, {}) and "exit" in s.get(k, {})]
@@ -163,6 +166,8 @@ def layer_steps(s: dict, us_per_layer: float) -> list:
         waited = ev["waited"]["median"]
         row = {"kernel": k, "link": round(waited - prev_exit, 2),
                "wait_to_last_exit": round(ev["exit"]["max"] - waited, 2)}
+        if "entry" in ev:
+            row["entry_lead"] = round(prev_exit - ev["entry"]["median"], 2)
         if "first_epilogue" in ev and "stored" in ev:
             row["epilogue"] = round(ev["stored"]["median"] - ev["first_epilogue"]["median"], 2)
         if "partials" in ev and "stored" in ev:
@@ -172,10 +177,12 @@ def layer_steps(s: dict, us_per_layer: float) -> list:
 
 
 def format_layer_steps(steps: list) -> str:
-    lines = ["| launch | link us | wait to last exit us | first epilogue to stored us | "
-             "partials to stored us |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| launch | link us | wait to last exit us | entry lead us | "
+             "first epilogue to stored us | partials to stored us |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in steps:
         cells = [r["kernel"], f"{r['link']:.2f}", f"{r['wait_to_last_exit']:.2f}",
+                 f"{r['entry_lead']:.2f}" if "entry_lead" in r else "-",
                  f"{r['epilogue']:.2f}" if "epilogue" in r else "-",
                  f"{r['sums']:.2f}" if "sums" in r else "-"]
         lines.append("| " + " | ".join(cells) + " |")
